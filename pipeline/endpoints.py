@@ -1,0 +1,99 @@
+"""Resolve which Kafka, Triton and S3 a command talks to.
+
+Order, per service: the environment (``PIPELINE_*``), else a running embedded
+stack started by ``pipeline up`` (found through its state file), else an
+error that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from pipeline.errors import ConfigError
+from pipeline.settings import Endpoints
+
+
+def state_dir() -> Path:
+    """Where ``pipeline up`` keeps its state file and service logs."""
+    override = os.environ.get("PIPELINE_STATE_DIR")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "streaming-inference-pipeline"
+
+
+def state_file() -> Path:
+    return state_dir() / "stack.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_stack_state() -> dict[str, object] | None:
+    """The running embedded stack's state, or None when none is running."""
+    path = state_file()
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    pid = state.get("pid")
+    if not isinstance(pid, int) or not _pid_alive(pid):
+        return None
+    return state
+
+
+def resolve_endpoints(*, need: tuple[str, ...] = ("kafka", "triton", "s3")) -> Endpoints:
+    """Endpoints from the environment, completed from a running ``pipeline up`` stack.
+
+    ``need`` names the services the caller cannot work without; a missing one
+    is a :class:`ConfigError` with a one-line remedy.
+    """
+    endpoints = Endpoints()
+    state = read_stack_state()
+    if state is not None:
+        embedded = state.get("environment", {})
+        assert isinstance(embedded, dict)
+        if not endpoints.kafka.configured:
+            endpoints.kafka.bootstrap_servers = embedded.get("PIPELINE_KAFKA_BOOTSTRAP_SERVERS")
+        if not endpoints.triton.configured:
+            endpoints.triton.grpc_url = embedded.get("PIPELINE_TRITON_GRPC_URL")
+            endpoints.triton.http_url = embedded.get("PIPELINE_TRITON_HTTP_URL")
+            endpoints.triton.metrics_url = embedded.get("PIPELINE_TRITON_METRICS_URL")
+        if not endpoints.s3.configured:
+            endpoints.s3.endpoint = embedded.get("PIPELINE_S3_ENDPOINT")
+            endpoints.s3.bucket = embedded.get("PIPELINE_S3_BUCKET", endpoints.s3.bucket)
+            if endpoints.s3.access_key is None and "AWS_ACCESS_KEY_ID" in embedded:
+                endpoints.s3.access_key = SecretStr(embedded["AWS_ACCESS_KEY_ID"])
+                endpoints.s3.secret_key = SecretStr(embedded["AWS_SECRET_ACCESS_KEY"])
+    missing = [
+        name
+        for name, ok in (
+            ("kafka", endpoints.kafka.configured),
+            ("triton", endpoints.triton.configured),
+            ("s3", endpoints.s3.configured),
+        )
+        if name in need and not ok
+    ]
+    if missing:
+        variables = {
+            "kafka": "PIPELINE_KAFKA_BOOTSTRAP_SERVERS",
+            "triton": "PIPELINE_TRITON_GRPC_URL",
+            "s3": "PIPELINE_S3_ENDPOINT",
+        }
+        names = ", ".join(variables[m] for m in missing)
+        raise ConfigError(
+            f"no {'/'.join(missing)} endpoint configured: set {names} "
+            "or start the embedded stack with `pipeline up`"
+        )
+    return endpoints

@@ -1,0 +1,1 @@
+"""The S3 (MinIO) model store in Triton's model repository layout."""

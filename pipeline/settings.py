@@ -1,0 +1,151 @@
+"""Where the services are: Kafka, Triton and the S3 model store.
+
+Every endpoint is read from the environment (``PIPELINE_*``) so the same code
+talks to the embedded stack, to a docker-compose stack or to production
+Apache Kafka / Triton / MinIO. Secrets (SASL password, S3 keys) are *only*
+ever read from the environment, never from a topology file.
+
+When nothing is configured, :func:`pipeline.embedded.discover` finds a running
+``pipeline up`` stack; only then is the embedded stack the default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class KafkaSettings(BaseSettings):
+    """Kafka client options shared by every producer, consumer and admin client."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_KAFKA_", extra="ignore")
+
+    bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("PIPELINE_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    client_id: str = "streaming-inference-pipeline"
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.bootstrap_servers)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments accepted by every aiokafka client constructor."""
+        if not self.bootstrap_servers:
+            raise ValueError("Kafka bootstrap servers are not configured")
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": self.security_protocol,
+            "client_id": self.client_id,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism or "PLAIN"
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else None
+            )
+        return kwargs
+
+
+class TritonSettings(BaseSettings):
+    """A Triton Inference Server reached over gRPC (KServe v2 protocol)."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_TRITON_", extra="ignore")
+
+    grpc_url: str | None = None  # host:port
+    http_url: str | None = None  # host:port, used only for health and metrics links
+    metrics_url: str | None = None  # http://host:port/metrics
+    ssl: bool = False
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.grpc_url)
+
+
+class S3Settings(BaseSettings):
+    """The model store: any S3-compatible object store (MinIO in production)."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_S3_", extra="ignore")
+
+    endpoint: str | None = None  # http(s)://host:port
+    bucket: str = "models"
+    prefix: str = ""
+    access_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("PIPELINE_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+    )
+    secret_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("PIPELINE_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"),
+    )
+    region: str = Field(
+        default="us-east-1",
+        validation_alias=AliasChoices("PIPELINE_S3_REGION", "AWS_DEFAULT_REGION"),
+    )
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.endpoint)
+
+    @property
+    def secure(self) -> bool:
+        return bool(self.endpoint and self.endpoint.startswith("https://"))
+
+    @property
+    def host_port(self) -> str:
+        """``host:port`` of the endpoint, as the minio client and Triton's ``s3://`` want it."""
+        if not self.endpoint:
+            raise ValueError("S3 endpoint is not configured")
+        return self.endpoint.split("://", 1)[-1].rstrip("/")
+
+    def triton_repository_url(self) -> str:
+        """The ``s3://host:port/bucket[/prefix]`` URL Triton loads its model repository from."""
+        scheme = "s3://https://" if self.secure else "s3://"
+        path = f"{self.bucket}/{self.prefix.strip('/')}".rstrip("/")
+        return f"{scheme}{self.host_port}/{path}"
+
+
+class Endpoints(BaseSettings):
+    """All three services together, as one immutable value handed to components."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+
+    def environment(self) -> dict[str, str]:
+        """The ``PIPELINE_*`` variables that point another process at these endpoints."""
+        env: dict[str, str] = {}
+        if self.kafka.bootstrap_servers:
+            env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka.bootstrap_servers
+        if self.triton.grpc_url:
+            env["PIPELINE_TRITON_GRPC_URL"] = self.triton.grpc_url
+        if self.triton.http_url:
+            env["PIPELINE_TRITON_HTTP_URL"] = self.triton.http_url
+        if self.triton.metrics_url:
+            env["PIPELINE_TRITON_METRICS_URL"] = self.triton.metrics_url
+        if self.s3.endpoint:
+            env["PIPELINE_S3_ENDPOINT"] = self.s3.endpoint
+            env["PIPELINE_S3_BUCKET"] = self.s3.bucket
+            if self.s3.prefix:
+                env["PIPELINE_S3_PREFIX"] = self.s3.prefix
+        if self.s3.access_key:
+            env["AWS_ACCESS_KEY_ID"] = self.s3.access_key.get_secret_value()
+        if self.s3.secret_key:
+            env["AWS_SECRET_ACCESS_KEY"] = self.s3.secret_key.get_secret_value()
+        env["AWS_DEFAULT_REGION"] = self.s3.region
+        return env

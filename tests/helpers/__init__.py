@@ -1,0 +1,1 @@
+"""Shared, importable test helpers (reference implementations, test-audio makers)."""
