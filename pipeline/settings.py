@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class KafkaSettings(BaseSettings):
     """Kafka client options shared by every producer, consumer and admin client."""
 
-    model_config = SettingsConfigDict(env_prefix="PIPELINE_KAFKA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_KAFKA_", extra="ignore", populate_by_name=True)
 
     bootstrap_servers: str | None = Field(
         default=None,
@@ -81,7 +81,7 @@ class TritonSettings(BaseSettings):
 class S3Settings(BaseSettings):
     """The model store: any S3-compatible object store (MinIO in production)."""
 
-    model_config = SettingsConfigDict(env_prefix="PIPELINE_S3_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_S3_", extra="ignore", populate_by_name=True)
 
     endpoint: str | None = None  # http(s)://host:port
     bucket: str = "models"

@@ -14,28 +14,20 @@ from pipeline.errors import PipelineError
 
 # Importing registers the sub-commands on `app`.
 from pipeline.cli import models as _models  # noqa: E402,F401
+from pipeline.cli import run as _run  # noqa: E402,F401
 from pipeline.cli import stack as _stack  # noqa: E402,F401
+from pipeline.cli import validate as _validate  # noqa: E402,F401
 
 
 def main() -> None:
+    """Run the CLI; user errors become one line on stderr and exit code 1."""
     try:
-        app(standalone_mode=False)
+        app()  # standalone: click prints usage errors itself and exits 2
     except PipelineError as exc:
         console_err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except SystemExit:
-        raise
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
-        raise
 
 
 __all__ = ["app", "main"]

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from onnx import numpy_helper
 from tritonclient.utils import InferenceServerException
 
+from tests.helpers.dense_reference import mlp_reference as _mlp_reference
+from tests.helpers.dense_reference import random_features as _features
 from tests.helpers.vad_reference import (
     CHUNK,
     CHUNK_SECONDS,
@@ -48,19 +48,6 @@ _sequence_ids = itertools.count(random.randrange(1, 2**40) * 1000)
 # ---------------------------------------------------------------- dense_classifier
 
 
-def _mlp_reference(features: np.ndarray) -> np.ndarray:
-    """numpy forward pass with the weights read back from the served ONNX file."""
-    model = onnx.load(str(SAMPLE_MODELS / "dense_classifier" / "1" / "model.onnx"))
-    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
-    hidden = np.maximum(features @ w["w1"].T + w["b1"], 0.0)
-    return hidden @ w["w2"].T + w["b2"]
-
-
-def _features(rows: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((rows, 16)).astype(np.float32)
-
-
-@pytest.mark.triton
 def test_dense_classifier_batch(triton_grpc_url: str) -> None:
     features = _features(8, seed=1)
     inp = grpcclient.InferInput("features", list(features.shape), "FP32")

@@ -1,0 +1,93 @@
+"""Kafka header names of the message contract, and helpers for header lists.
+
+aiokafka hands headers over as a sequence of ``(str, bytes)`` tuples and takes
+the same back. Kafka allows repeated names and null values, so these helpers
+never assume a dict: they read a name's single value strictly, and they copy
+every header they do not own untouched (byte for byte, order kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pipeline.contract.errors import BadRequest, ErrorClass
+
+#: A Kafka header list as aiokafka produces and consumes it.
+Headers = list[tuple[str, bytes]]
+#: What we accept as input: any sequence of pairs; a null value reads as absent.
+HeaderPairs = Sequence[tuple[str, bytes | None]]
+
+# Request headers.
+CORRELATION_ID = "correlation-id"
+CONTENT_TYPE = "content-type"
+TRACEPARENT = "traceparent"
+DEADLINE = "deadline"
+PRIORITY = "priority"
+TIMEOUT_MS = "timeout-ms"
+
+# Headers added to result records.
+PIPELINE_STAGE = "pipeline-stage"
+MODEL_NAME = "model-name"
+MODEL_VERSION = "model-version"
+
+# Headers added to dead-letter records.
+ERROR_STAGE = "error-stage"
+ERROR_CLASS = "error-class"
+ERROR_REASON = "error-reason"
+ERROR_TIME = "error-time"
+
+# Content types.
+PROTOBUF_REQUEST = "application/vnd.oip.v2.infer-request+protobuf"
+PROTOBUF_RESPONSE = "application/vnd.oip.v2.infer-response+protobuf"
+GENERIC_PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+PROTOBUF_TYPES = frozenset({PROTOBUF_REQUEST, PROTOBUF_RESPONSE, GENERIC_PROTOBUF})
+
+
+def media_type(content_type: str) -> str:
+    """``"Application/JSON; charset=utf-8"`` -> ``"application/json"`` (parameters dropped)."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def get_header(headers: HeaderPairs | None, name: str) -> str | None:
+    """The UTF-8 value of header ``name``, or ``None`` when absent or null.
+
+    Names match case-insensitively (producers differ). A name repeated with
+    *different* values is ambiguous and refused rather than guessed at.
+    """
+    found: bytes | None = None
+    for key, value in headers or ():
+        if not isinstance(key, str) or key.lower() != name or value is None:
+            continue
+        if found is not None and value != found:
+            raise BadRequest(
+                ErrorClass.BAD_HEADER, f"header {name!r} is repeated with different values"
+            )
+        found = bytes(value)
+    if found is None:
+        return None
+    try:
+        return found.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(ErrorClass.BAD_HEADER, f"header {name!r} is not valid UTF-8") from None
+
+
+def without(headers: HeaderPairs | None, names: Iterable[str]) -> Headers:
+    """A copy of ``headers`` minus every occurrence of ``names`` (case-insensitive)."""
+    drop = {n.lower() for n in names}
+    return [(k, v) for k, v in headers or () if not (isinstance(k, str) and k.lower() in drop)]  # type: ignore[misc]
+
+
+def encode_headers(pairs: Iterable[tuple[str, str]]) -> Headers:
+    """``[(name, text)]`` -> ``[(name, utf8 bytes)]``."""
+    return [(name, value.encode("utf-8")) for name, value in pairs]
+
+
+def replace_headers(headers: HeaderPairs | None, updates: Iterable[tuple[str, str]]) -> Headers:
+    """Copy ``headers``, dropping the names in ``updates``, then append ``updates``.
+
+    Appending rather than editing in place keeps every other header at its
+    position and byte-identical.
+    """
+    new = list(updates)
+    return without(headers, (name for name, _ in new)) + encode_headers(new)

@@ -1,0 +1,1 @@
+"""Kafka plumbing on aiokafka: client construction, topic creation, ordering and commits."""

@@ -1,0 +1,88 @@
+"""Construct aiokafka clients with the project's delivery defaults.
+
+Producers use ``acks="all"`` so a result counts as delivered only when the
+broker has it replicated; consumers never auto-commit (offsets are committed
+by :mod:`pipeline.kafka.ordering` after outputs are acknowledged).
+Idempotent production is switchable (``PIPELINE_KAFKA_IDEMPOTENCE``) because
+some Kafka-protocol brokers (Tansu's memory engine) lack ``InitProducerId``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from pipeline.errors import EndpointUnreachable
+from pipeline.settings import KafkaSettings
+
+
+def _idempotence() -> bool:
+    return os.environ.get("PIPELINE_KAFKA_IDEMPOTENCE", "false").lower() in ("1", "true", "yes")
+
+
+def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+    kwargs: dict[str, Any] = {
+        **settings.client_kwargs(),
+        "acks": "all",
+        "linger_ms": 2,
+        "max_batch_size": 1 << 20,
+        "enable_idempotence": _idempotence(),
+        "request_timeout_ms": 30_000,
+    }
+    kwargs.update(overrides)
+    return AIOKafkaProducer(**kwargs)
+
+
+def make_consumer(
+    settings: KafkaSettings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    kwargs: dict[str, Any] = {
+        **settings.client_kwargs(),
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": 4 << 20,
+        "session_timeout_ms": 30_000,
+        "heartbeat_interval_ms": 3_000,
+        "max_poll_interval_ms": 300_000,
+        "isolation_level": "read_committed",
+    }
+    kwargs.update(overrides)
+    return AIOKafkaConsumer(*topics, **kwargs)
+
+
+async def ensure_topics(
+    settings: KafkaSettings,
+    topics: Iterable[str],
+    *,
+    partitions: int,
+    replication_factor: int = 1,
+) -> list[str]:
+    """Create the topics that do not exist yet; returns the ones it created."""
+    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        raise EndpointUnreachable(
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
+        ) from exc
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [t for t in dict.fromkeys(topics) if t not in existing]
+        if not wanted:
+            return []
+        new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor) for t in wanted]
+        try:
+            await admin.create_topics(new)
+        except TopicAlreadyExistsError:
+            pass  # another worker of the same topology won the race
+        except KafkaError as exc:
+            raise EndpointUnreachable(f"cannot create topics {wanted}: {exc}") from exc
+        return wanted
+    finally:
+        await admin.close()

@@ -1,0 +1,153 @@
+"""The ordered outbox: results leave in arrival order; offsets follow acknowledgements.
+
+A stage hands every consumed record to :meth:`Outbox.track` and later
+completes its slot with the output record (a result or a dead letter). The
+outbox produces ready outputs from the head of each partition's line, in
+order, and commits a partition's offset only past records whose outputs the
+broker has acknowledged. That is the whole at-least-once argument: a crash
+before the acknowledgement replays the record; nothing is committed early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+
+from pipeline.kafka.ordering import OrderedOffsets, Slot
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    """What one consumed record turns into."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    dead_letter: bool = False
+    error_class: str | None = None
+    request_timestamp_ms: int | None = None
+
+
+OnAcknowledged = Callable[[OutRecord], None]
+
+
+class Outbox:
+    """Ordered emission and safe commits for one consumer's partitions."""
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        consumer: AIOKafkaConsumer,
+        *,
+        on_acknowledged: OnAcknowledged | None = None,
+    ) -> None:
+        self._producer = producer
+        self._consumer = consumer
+        self._offsets: OrderedOffsets[OutRecord] = OrderedOffsets()
+        self._on_ack = on_acknowledged
+        self._delivery: set[asyncio.Future[object]] = set()
+        self._changed = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ tracking
+    def track(self, record: ConsumerRecord[bytes, bytes]) -> Slot[OutRecord]:
+        return self._offsets.add(TopicPartition(record.topic, record.partition), record.offset)
+
+    def complete(self, slot: Slot[OutRecord], output: OutRecord) -> None:
+        """Give a slot its output; it is produced once everything before it is."""
+        if slot.output is not None:
+            return  # first answer wins (e.g. a deadline fired while the batch returned)
+        slot.output = output
+        self._changed.set()
+
+    def pending(self, tp: TopicPartition | None = None) -> int:
+        return self._offsets.pending(tp)
+
+    def raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # ------------------------------------------------------------------ emission
+    async def emit_ready(self) -> None:
+        """Produce every ready output that is at the head of its partition's line."""
+        for tp in self._offsets.partitions():
+            for slot in self._offsets.emittable(tp):
+                assert slot.output is not None
+                out = slot.output
+                fut = await self._producer.send(out.topic, value=out.value, key=out.key, headers=out.headers)
+                self._delivery.add(fut)
+                fut.add_done_callback(lambda f, s=slot: self._delivered(f, s))
+
+    def _delivered(self, fut: asyncio.Future[object], slot: Slot[OutRecord]) -> None:
+        self._delivery.discard(fut)
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            # aiokafka already retried; an undeliverable output must not be committed past.
+            log.error("output for %s@%d not delivered: %s", slot.tp, slot.offset, exc)
+            self._failure = exc
+            return
+        self._offsets.acknowledge(slot)
+        if self._on_ack is not None and slot.output is not None:
+            self._on_ack(slot.output)
+        self._changed.set()
+
+    async def run(self, stop: asyncio.Event, commit_interval_s: float = 0.2) -> None:
+        """Emit as outputs become ready and commit periodically, until ``stop``."""
+        last_commit = time.monotonic()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=commit_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
+            await self.emit_ready()
+            if time.monotonic() - last_commit >= commit_interval_s:
+                await self.commit()
+                last_commit = time.monotonic()
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Emit what is ready and wait for its delivery; True when nothing is left in flight."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            await self.emit_ready()
+            if self._delivery:
+                await asyncio.wait(set(self._delivery), timeout=max(0.0, deadline - time.monotonic()))
+            if not self._delivery and self._offsets.pending() == 0:
+                return True
+            await asyncio.sleep(0.01)
+        return not self._delivery
+
+    async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
+        offsets = self._offsets.committable()
+        if partitions is not None:
+            offsets = {tp: o for tp, o in offsets.items() if tp in partitions}
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+        except (CommitFailedError, IllegalStateError) as exc:
+            # A rebalance took the partitions; their new owner replays from the last commit.
+            log.warning("commit of %s skipped: %s", offsets, exc)
+            return
+        except KafkaError as exc:
+            log.warning("commit failed, will retry: %s", exc)
+            return
+        self._offsets.mark_committed(offsets)
+
+    def forget(self, tp: TopicPartition) -> int:
+        """Drop a revoked partition's unfinished slots (its next owner replays them)."""
+        return len(self._offsets.forget(tp))

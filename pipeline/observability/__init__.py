@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, the metrics-topic snapshot, health endpoints, tracing."""

@@ -1,0 +1,147 @@
+"""Run a topology's stages in one process until told to stop.
+
+One asyncio loop runs every selected stage (each its own consumer group, so a
+stage scales out by starting more processes with ``--stage``), the health
+endpoints and the metrics-topic publisher. SIGTERM/SIGINT set a stop event;
+stages then hand over in-flight work and commit within their drain timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError
+from pipeline.kafka.clients import ensure_topics, make_producer
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.snapshot import publish_snapshots
+from pipeline.runtime.health import HealthServer
+from pipeline.settings import Endpoints
+from pipeline.topology.model import StatelessStage as StatelessStageConfig
+from pipeline.topology.model import Topology
+from workers.base import StageIO, StreamStage
+from workers.stateless import RetryPolicy, StatelessSettings, StatelessStage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningProcess:
+    """What a caller (CLI, tests) can observe of a running topology."""
+
+    health_port: int | None = None
+    stages: list[StreamStage] | None = None
+
+    def ready(self) -> bool:
+        return bool(self.stages) and all(s.ready for s in self.stages or [])
+
+
+def build_stages(
+    topology: Topology, endpoints: Endpoints, metrics: PipelineMetrics, only: str | None = None
+) -> list[StreamStage]:
+    """One runtime stage object per selected topology stage."""
+    names = [s.name for s in topology.stages]
+    if only is not None and only not in names:
+        raise ConfigError(f"topology {topology.name!r} has no stage {only!r} (stages: {', '.join(names)})")
+    stages: list[StreamStage] = []
+    for config, (input_topic, output_topic) in zip(topology.stages, topology.stage_topics(), strict=True):
+        if only is not None and config.name != only:
+            continue
+        if isinstance(config, StatelessStageConfig):
+            io = StageIO(
+                stage=config.name,
+                group_id=topology.group_id(config.name),
+                input_topic=input_topic,
+                output_topic=output_topic,
+                dead_letter_topic=topology.dead_letter_topic,
+                max_pending=config.batching.max_pending_requests,
+            )
+            stages.append(
+                StatelessStage(
+                    io,
+                    _stateless_settings(config),
+                    kafka=endpoints.kafka,
+                    triton=endpoints.triton,
+                    metrics=metrics,
+                )
+            )
+        else:
+            raise ConfigError(f"stage {config.name!r}: kind {config.kind!r} is not supported by this version")
+    return stages
+
+
+def _stateless_settings(config: StatelessStageConfig) -> StatelessSettings:
+    b = config.batching
+    return StatelessSettings(
+        model=config.model,
+        model_version=config.model_version,
+        max_batch_size=b.max_batch_size,
+        max_queue_delay_s=b.max_queue_delay_ms / 1000,
+        max_inflight_batches=b.max_inflight_batches,
+        default_deadline_ms=None if config.deadline_ms is None else int(config.deadline_ms),
+        default_priority=config.priority,
+        default_timeout_ms=None if config.timeout_ms is None else int(config.timeout_ms),
+        retry=RetryPolicy(
+            max_attempts=config.retry.max_attempts,
+            initial_backoff_s=config.retry.initial_backoff_ms / 1000,
+            max_backoff_s=config.retry.max_backoff_ms / 1000,
+        ),
+        max_request_bytes=config.max_request_bytes,
+        warmup=config.warmup,
+    )
+
+
+async def run_topology(
+    topology: Topology,
+    endpoints: Endpoints,
+    *,
+    only_stage: str | None = None,
+    stop: asyncio.Event | None = None,
+    http_port: int | None = None,
+    on_ready: Callable[[RunningProcess], None] | None = None,
+    install_signal_handlers: bool = True,
+) -> None:
+    """Create missing topics, start the stages and serve until ``stop`` (or a signal)."""
+    stop = stop or asyncio.Event()
+    if install_signal_handlers:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    metrics = PipelineMetrics()
+    created = await ensure_topics(
+        endpoints.kafka,
+        topology.topics(),
+        partitions=topology.kafka.partitions,
+        replication_factor=topology.kafka.replication_factor,
+    )
+    if created:
+        log.info("created topics: %s", ", ".join(created))
+    state = RunningProcess(stages=build_stages(topology, endpoints, metrics, only_stage))
+    health = HealthServer(metrics, state.ready, port=topology.http_port if http_port is None else http_port)
+    state.health_port = await health.start()
+    snapshot_producer = make_producer(endpoints.kafka)
+    await snapshot_producer.start()
+    try:
+        for stage in state.stages or []:
+            await stage.start()  # model checked ready (and warmed up) before consuming
+        if on_ready is not None:
+            on_ready(state)
+        log.info("topology %s running (health on :%s)", topology.name, state.health_port)
+        await asyncio.gather(
+            *(stage.run(stop) for stage in state.stages or []),
+            publish_snapshots(
+                snapshot_producer,
+                topology.metrics_topic,
+                metrics,
+                topology=topology.name,
+                interval_s=topology.metrics_interval_s,
+                stop=stop,
+            ),
+        )
+    finally:
+        stop.set()
+        await snapshot_producer.stop()
+        await health.stop()

@@ -1,0 +1,36 @@
+"""Topology files: the YAML that describes one streaming inference pipeline.
+
+:func:`load_topology` reads and validates a file into a :class:`Topology`;
+:func:`check_compatibility` checks it against the models Triton serves.
+"""
+
+from pipeline.topology.compat import check_compatibility
+from pipeline.topology.loader import load_topology, parse_topology
+from pipeline.topology.model import (
+    Batching,
+    DaliStage,
+    KafkaSection,
+    RetryPolicy,
+    SequenceStage,
+    Stage,
+    StageTopics,
+    StatelessStage,
+    Topology,
+    TritonSection,
+)
+
+__all__ = [
+    "Batching",
+    "DaliStage",
+    "KafkaSection",
+    "RetryPolicy",
+    "SequenceStage",
+    "Stage",
+    "StageTopics",
+    "StatelessStage",
+    "Topology",
+    "TritonSection",
+    "check_compatibility",
+    "load_topology",
+    "parse_topology",
+]

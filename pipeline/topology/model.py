@@ -1,0 +1,422 @@
+"""The topology file, as typed pydantic models.
+
+A topology is a *linear* chain of stages between two Kafka topics: records
+come in on ``input_topic``, each stage consumes one topic and produces the
+next, and the last stage produces ``result_topic``. Intermediate topics and
+consumer group ids are derived from names, so a minimal file only names the
+models; every derived value is computed here, in one place, so workers, the
+topic creator and ``pipeline validate`` can never disagree about them.
+
+Every model forbids unknown keys and validates strictly (no ``"4"`` -> ``4``
+coercion): a typo in a config file must fail loudly at load time, not turn
+into a silently ignored option in production. Field docstrings double as
+descriptions in the generated JSON schema, which editors show on hover.
+
+Validators that can point at something more precise than the field they run
+on (a duplicate stage name, a topic conflict) raise
+:class:`~pydantic_core.PydanticCustomError` with ``ctx["at"]``: a path relative
+to the error's location, which the loader uses for the line number.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+# --------------------------------------------------------------------------- scalar types
+
+_NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
+_NAME_MAX = 64
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
+_TOPIC_MAX = 249  # Kafka's limit (topic directories are named <topic>-<partition>)
+_VERSION_RE = re.compile(r"(?:[1-9][0-9]*)?")
+
+
+def _check_name(value: str) -> str:
+    if len(value) > _NAME_MAX or not _NAME_RE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use lowercase letters, digits and '-' "
+            f"(not first or last), at most {_NAME_MAX} characters"
+        )
+    return value
+
+
+def _check_topic(value: str) -> str:
+    if len(value) > _TOPIC_MAX or not _TOPIC_RE.fullmatch(value) or value in (".", ".."):
+        raise ValueError(
+            f"{value!r} is not a valid Kafka topic name: use letters, digits, '.', '_' "
+            f"and '-', at most {_TOPIC_MAX} characters"
+        )
+    return value
+
+
+def _version_to_str(value: Any) -> Any:
+    """``model_version: 3`` is what people type; store it as Triton's version string."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _check_version(value: str) -> str:
+    if not _VERSION_RE.fullmatch(value):
+        raise ValueError(f'{value!r} is not a model version: use "" (latest) or an integer >= 1')
+    return value
+
+
+def _empty_to_none(value: Any) -> Any:
+    """``"${TRITON_URL:-}"`` (quoted) gives ``""``; treat it like the unquoted form, null."""
+    return None if value == "" else value
+
+
+Name = Annotated[
+    str,
+    AfterValidator(_check_name),
+    WithJsonSchema({"type": "string", "pattern": f"^{_NAME_RE.pattern}$", "maxLength": _NAME_MAX}),
+]
+"""A topology or stage name; it ends up in topic names and consumer group ids."""
+
+TopicName = Annotated[
+    str,
+    AfterValidator(_check_topic),
+    WithJsonSchema(
+        {"type": "string", "pattern": f"^{_TOPIC_RE.pattern}$", "maxLength": _TOPIC_MAX}
+    ),
+]
+"""A Kafka topic name."""
+
+ModelVersion = Annotated[
+    str,
+    BeforeValidator(_version_to_str),
+    AfterValidator(_check_version),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": f"^{_VERSION_RE.pattern}$"},
+                {"type": "integer", "minimum": 1},
+            ]
+        }
+    ),
+]
+"""``""`` for the latest version Triton serves, else a pinned version number."""
+
+Endpoint = Annotated[str | None, BeforeValidator(_empty_to_none)]
+"""An optional ``host:port`` override; null or empty means "from the environment"."""
+
+TensorMap = dict[str, str]
+
+
+def _located(message: str, at: tuple[str | int, ...]) -> PydanticCustomError:
+    """A validation error the loader reports at ``at`` (relative to the validator's own place)."""
+    return PydanticCustomError("topology", message, {"at": at})
+
+
+class _Strict(BaseModel):
+    """Base of every topology model: unknown keys are errors, types are not coerced."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        use_attribute_docstrings=True,
+        protected_namespaces=(),  # `model` and `model_version` are topology keys
+    )
+
+
+# --------------------------------------------------------------------------- sections
+
+
+_KAFKA_ENV_ONLY = {
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+}
+
+
+class KafkaSection(_Strict):
+    """Kafka options that belong to the topology. Credentials and TLS come from the environment."""
+
+    bootstrap_servers: Endpoint = None
+    """Overrides PIPELINE_KAFKA_BOOTSTRAP_SERVERS; null = environment, else the embedded stack."""
+    partitions: PositiveInt = 1
+    """Partitions of the topics the pipeline creates; bounds how many workers share a stage."""
+    replication_factor: PositiveInt = 1
+    """Replication factor of the topics the pipeline creates."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        # Topology files get committed and shared; a password in one is a leak waiting to happen.
+        if isinstance(data, dict):
+            for key in data:
+                if key in _KAFKA_ENV_ONLY:
+                    raise _located(
+                        "security options come from the environment only: "
+                        f"set PIPELINE_KAFKA_{key.upper()} instead",
+                        (key,),
+                    )
+        return data
+
+
+class TritonSection(_Strict):
+    """Which Triton the pipeline calls."""
+
+    grpc_url: Endpoint = None
+    """Triton gRPC host:port; null = PIPELINE_TRITON_GRPC_URL, else the embedded stack."""
+
+
+class Batching(_Strict):
+    """Client-side micro-batching and the backpressure bounds of one stage."""
+
+    max_batch_size: PositiveInt | None = None
+    """Requests per inference call; null = the model's max_batch_size as Triton reports it."""
+    max_queue_delay_ms: NonNegativeFloat = 5.0
+    """How long a partial batch waits for more requests before it is sent anyway."""
+    max_inflight_batches: PositiveInt = 4
+    """Inference calls outstanding at once, per worker."""
+    max_pending_requests: PositiveInt = 4096
+    """Requests consumed but not yet answered; above it, consumption pauses (backpressure)."""
+
+
+class RetryPolicy(_Strict):
+    """Retries of a failed inference call, with exponential backoff."""
+
+    max_attempts: PositiveInt = 5
+    """Attempts in total, the first included; 1 = no retry. Then the record goes to dead letters."""
+    initial_backoff_ms: NonNegativeFloat = 100.0
+    """Wait before the first retry; doubles on each further one."""
+    max_backoff_ms: NonNegativeFloat = 5000.0
+    """Upper bound on the wait between retries."""
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> RetryPolicy:
+        if self.max_backoff_ms < self.initial_backoff_ms:
+            raise _located(
+                f"max_backoff_ms ({self.max_backoff_ms:g}) is below "
+                f"initial_backoff_ms ({self.initial_backoff_ms:g})",
+                ("max_backoff_ms",),
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- stages
+
+
+class _StageBase(_Strict):
+    name: Name
+    """Unique within the topology; part of the consumer group id and of derived topic names."""
+    input_topic: TopicName | None = None
+    """Topic this stage consumes; null = the previous stage's output (first stage: input_topic)."""
+    output_topic: TopicName | None = None
+    """Topic this stage produces; null = <topology>.<stage>.out (last stage: result_topic)."""
+
+
+class StatelessStage(_StageBase):
+    """Independent requests to one Triton model, micro-batched across records."""
+
+    kind: Literal["stateless"]
+    model: str = Field(min_length=1)
+    """Triton model name."""
+    model_version: ModelVersion = ""
+    """"" = the latest version Triton serves; else a pinned version number."""
+    input_map: TensorMap = Field(default_factory=dict)
+    """Model input name -> topology tensor it reads (Triton ensemble style); {} = same names."""
+    output_map: TensorMap = Field(default_factory=dict)
+    """Model output tensor name -> topology tensor name it is published as; {} = same names."""
+    batching: Batching = Field(default_factory=Batching)
+    deadline_ms: PositiveFloat | None = None
+    """Deadline (ms after the record's timestamp) of a request that carries none; past it the
+    request goes to the dead-letter topic with reason "deadline exceeded", not to Triton."""
+    priority: NonNegativeInt | None = None
+    """Triton request priority (1 = highest, 0 = the model's default)."""
+    timeout_ms: PositiveFloat | None = None
+    """Triton-side timeout of one inference call."""
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    max_request_bytes: PositiveInt = 16 * 1024 * 1024
+    """Larger record values are dead-lettered (oversized-value) before any decoding."""
+    warmup: bool = False
+    """Infer once before consuming, so the first real record does not pay for model start-up."""
+
+
+class DaliStage(_StageBase):
+    """Audio pre-processing with NVIDIA DALI (framing and resampling); no Triton model."""
+
+    kind: Literal["dali"]
+    sample_rate: PositiveInt = 16000
+    """Sample rate (Hz) the stage produces."""
+    frame_samples: PositiveInt = 512
+    """Samples per emitted frame."""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """Where DALI runs; auto = the GPU when one is visible."""
+
+
+class SequenceStage(_StageBase):
+    """A stateful Triton model: all records of one key go to one Triton sequence."""
+
+    kind: Literal["sequence"]
+    model: str = Field(min_length=1)
+    """Triton model name; the model must declare sequence_batching."""
+    idle_timeout_s: PositiveFloat = 60.0
+    """A sequence with no record for this long is ended and its state released."""
+    max_sequences: PositiveInt = 1024
+    """Sequences open at once per worker; beyond it the least recently used one is ended."""
+
+
+Stage = Annotated[StatelessStage | DaliStage | SequenceStage, Field(discriminator="kind")]
+"""One stage; ``kind`` selects the model."""
+
+ModelStage = (StatelessStage, SequenceStage)
+"""Stage kinds that call a Triton model (``isinstance`` target)."""
+
+
+# --------------------------------------------------------------------------- topology
+
+
+class StageTopics(NamedTuple):
+    """The resolved topics of one stage."""
+
+    input: str
+    output: str
+
+
+class Topology(_Strict):
+    """A streaming inference pipeline: Kafka input topic -> stages -> Kafka result topic."""
+
+    name: Name
+    """Used in consumer group ids (<name>.<stage>) and default topic names."""
+    kafka: KafkaSection = Field(default_factory=KafkaSection)
+    triton: TritonSection = Field(default_factory=TritonSection)
+    input_topic: TopicName
+    """Topic the first stage consumes."""
+    result_topic: TopicName
+    """Topic the last stage produces."""
+    dead_letter_topic: TopicName = Field(
+        default_factory=lambda data: f"{data['name']}.dead-letters"
+    )
+    """Where records that fail for good go, with the reason; default <name>.dead-letters."""
+    metrics_topic: TopicName = "pipeline.metrics"
+    """Where workers publish periodic metric snapshots."""
+    metrics_interval_s: PositiveFloat = 10.0
+    """Seconds between metric snapshots."""
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the health/metrics HTTP endpoint; 0 = any free port."""
+    stages: list[Stage] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_chain(self) -> Topology:
+        seen: dict[str, int] = {}
+        for index, stage in enumerate(self.stages):
+            if stage.name in seen:
+                raise _located(
+                    f"duplicate stage name {stage.name!r} (also stages[{seen[stage.name]}])",
+                    ("stages", index, "name"),
+                )
+            seen[stage.name] = index
+        chain = self._resolve_chain()
+        topics = [chain[0].input, *(t.output for t in chain)]
+        for index, topic in enumerate(topics):
+            if topics.index(topic) != index:
+                # Two edges of the chain on one topic: a stage would read its own output.
+                raise _located(
+                    f"topic {topic!r} appears twice in the stage chain; a stage would "
+                    "consume its own or a later stage's output",
+                    ("stages", index - 1, "output_topic"),
+                )
+        for field in ("dead_letter_topic", "metrics_topic"):
+            topic = getattr(self, field)
+            if topic in topics:
+                raise _located(f"{topic!r} is also a topic of the stage chain", (field,))
+        if self.dead_letter_topic == self.metrics_topic:
+            raise _located(
+                "dead_letter_topic and metrics_topic must differ", ("dead_letter_topic",)
+            )
+        return self
+
+    def _resolve_chain(self) -> list[StageTopics]:
+        """Fill in the topics a file leaves out; reject the ones that contradict each other.
+
+        A stage's output defaults to the next stage's explicit input (so setting
+        either side of an edge is enough); setting both sides differently would
+        leave a gap in the chain and is an error.
+        """
+        last = len(self.stages) - 1
+        outputs: list[str] = []
+        for index, stage in enumerate(self.stages):
+            if index == last:
+                default = self.result_topic
+            else:
+                following = self.stages[index + 1].input_topic
+                default = following or f"{self.name}.{stage.name}.out"
+            output = stage.output_topic or default
+            if (
+                stage.output_topic
+                and stage.output_topic != default
+                and (index == last or self.stages[index + 1].input_topic)
+            ):
+                where = "result_topic" if index == last else f"stages[{index + 1}].input_topic"
+                raise _located(
+                    f"{output!r} differs from {where} {default!r}; "
+                    "a topology is a linear chain, leave one of them unset",
+                    ("stages", index, "output_topic"),
+                )
+            if len(output) > _TOPIC_MAX:
+                raise _located(
+                    f"derived topic name {output!r} is longer than {_TOPIC_MAX} "
+                    "characters; set output_topic",
+                    ("stages", index, "name"),
+                )
+            outputs.append(output)
+        first = self.stages[0].input_topic
+        if first is not None and first != self.input_topic:
+            raise _located(
+                f"{first!r} differs from the topology's input_topic {self.input_topic!r}; "
+                "the first stage reads the topology's input, leave it unset",
+                ("stages", 0, "input_topic"),
+            )
+        inputs = [self.input_topic, *outputs[:-1]]
+        return [StageTopics(input=i, output=o) for i, o in zip(inputs, outputs)]
+
+    def stage_topics(self) -> list[StageTopics]:
+        """The resolved (input, output) topics of each stage, aligned with :attr:`stages`."""
+        return self._resolve_chain()
+
+    def group_id(self, stage: str) -> str:
+        """Kafka consumer group of ``stage``: every worker running it joins this group."""
+        if not any(s.name == stage for s in self.stages):
+            raise KeyError(f"topology {self.name!r} has no stage {stage!r}")
+        return f"{self.name}.{stage}"
+
+    def topics(self) -> list[str]:
+        """Every topic the pipeline uses, in chain order, then dead letters and metrics."""
+        chain = self._resolve_chain()
+        return [
+            chain[0].input,
+            *(t.output for t in chain),
+            self.dead_letter_topic,
+            self.metrics_topic,
+        ]
+
+    def stage(self, name: str) -> Stage:
+        """The stage called ``name``."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"topology {self.name!r} has no stage {name!r}")

@@ -1,0 +1,72 @@
+"""Produce and collect records with plain aiokafka, as any client of the pipeline would."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from pipeline.contract.records import Record
+
+
+async def produce(bootstrap: str, topic: str, records: Sequence[Record], *, rate: float = 0.0) -> None:
+    """Send ``records`` (all acknowledged on return); ``rate`` > 0 paces them per second."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    await producer.start()
+    try:
+        started = time.monotonic()
+        pending = []
+        for i, record in enumerate(records):
+            if rate > 0:
+                delay = started + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            pending.append(await producer.send(topic, record.value, key=record.key, headers=record.headers))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+@dataclass
+class Collected:
+    records: list[ConsumerRecord[bytes, bytes]]
+
+    def on(self, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+        return [r for r in self.records if r.topic == topic]
+
+
+async def collect(
+    bootstrap: str,
+    topics: Sequence[str],
+    *,
+    done: Callable[[list[ConsumerRecord[bytes, bytes]]], bool],
+    timeout: float,
+) -> Collected:
+    """Read ``topics`` from the beginning until ``done(records)`` or ``timeout`` seconds."""
+    consumer = AIOKafkaConsumer(
+        *topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not done(records):
+            batch = await consumer.getmany(timeout_ms=200)
+            for part in batch.values():
+                records.extend(part)
+    finally:
+        await consumer.stop()
+    return Collected(records)
+
+
+def header(record: ConsumerRecord[bytes, bytes], name: str) -> str | None:
+    """The last value of header ``name`` (decoded), or None."""
+    value = None
+    for key, raw in record.headers or ():
+        if key == name:
+            value = raw.decode()
+    return value

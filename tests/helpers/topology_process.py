@@ -1,0 +1,151 @@
+"""Run `pipeline run` as a real subprocess on a private copy of a topology.
+
+Each test gets unique topic names and a unique consumer group, so tests share
+one broker without seeing each other's records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.embedded.process import free_port
+
+
+@dataclass
+class TopologyFiles:
+    path: Path
+    name: str
+    input_topic: str
+    result_topic: str
+    dead_letter_topic: str
+    metrics_topic: str
+
+
+def write_topology(tmp_path: Path, *, partitions: int = 4, stage: dict[str, Any] | None = None) -> TopologyFiles:
+    """A one-stage dense_classifier topology with unique names."""
+    suffix = uuid.uuid4().hex[:8]
+    name = f"t-{suffix}"
+    stage_config: dict[str, Any] = {
+        "name": "classify",
+        "kind": "stateless",
+        "model": "dense_classifier",
+        "batching": {"max_queue_delay_ms": 5.0, "max_inflight_batches": 4},
+    }
+    stage_config.update(stage or {})
+    doc = {
+        "name": name,
+        "kafka": {"partitions": partitions},
+        "input_topic": f"{name}.requests",
+        "result_topic": f"{name}.results",
+        "dead_letter_topic": f"{name}.dead-letters",
+        "metrics_topic": f"{name}.metrics",
+        "metrics_interval_s": 1,
+        "stages": [stage_config],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return TopologyFiles(
+        path=path,
+        name=name,
+        input_topic=doc["input_topic"],
+        result_topic=doc["result_topic"],
+        dead_letter_topic=doc["dead_letter_topic"],
+        metrics_topic=doc["metrics_topic"],
+    )
+
+
+class PipelineProcess:
+    """One `pipeline run` process with its health port and log file."""
+
+    def __init__(self, topology: TopologyFiles, env: dict[str, str], log_path: Path, stage: str | None = None) -> None:
+        self.topology = topology
+        self.env = dict(env, PYTHONUNBUFFERED="1", COLUMNS="200")
+        self.log_path = log_path
+        self.stage = stage
+        self.http_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout: float = 120.0) -> PipelineProcess:
+        argv = [sys.executable, "-m", "pipeline", "run", str(self.topology.path), "--http-port", str(self.http_port)]
+        if self.stage:
+            argv += ["--stage", self.stage]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"pipeline run exited with {self.proc.returncode}:\n{self.log()}")
+            if self.get("/readyz")[0] == 200:
+                return self
+            time.sleep(0.2)
+        raise AssertionError(f"pipeline run not ready after {ready_timeout}s:\n{self.log()}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+        except OSError:
+            return 0, ""
+
+    def metric(self, name: str) -> float:
+        """Sum of every sample of ``name`` in /metrics (0 when absent)."""
+        _, text = self.get("/metrics")
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def pipeline_process(
+    topology: TopologyFiles, env: dict[str, str], tmp_path: Path, stage: str | None = None
+) -> Iterator[PipelineProcess]:
+    process = PipelineProcess(topology, env, tmp_path / f"run-{uuid.uuid4().hex[:6]}.log", stage).start()
+    try:
+        yield process
+    finally:
+        if process.proc is not None and process.proc.poll() is None:
+            process.proc.kill()
+            process.proc.wait(timeout=10)

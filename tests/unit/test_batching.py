@@ -1,0 +1,44 @@
+"""The dynamic batcher: full or old enough, never mixing keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.batching import DynamicBatcher
+
+
+def test_releases_when_rows_reach_max() -> None:
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=4, max_delay_s=10)
+    assert batcher.add("k", "a", rows=1, now=0) == []
+    assert batcher.add("k", "b", rows=2, now=0) == []
+    [batch] = batcher.add("k", "c", rows=1, now=0)
+    assert batch.items == ["a", "b", "c"] and batch.rows == 4
+    assert len(batcher) == 0
+
+
+def test_an_item_that_would_overflow_starts_a_new_batch() -> None:
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=4, max_delay_s=10)
+    batcher.add("k", "a", rows=3, now=0)
+    [full] = batcher.add("k", "b", rows=2, now=1)
+    assert full.items == ["a"] and full.rows == 3
+    assert len(batcher) == 1
+
+
+def test_different_keys_never_share_a_batch() -> None:
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=2, max_delay_s=10)
+    batcher.add(("m", (16,)), "a", rows=1, now=0)
+    batcher.add(("m", (32,)), "b", rows=1, now=0)
+    [batch] = batcher.add(("m", (16,)), "c", rows=1, now=0)
+    assert batch.items == ["a", "c"]
+    assert [b.items for b in batcher.drain()] == [["b"]]
+
+
+def test_due_after_max_delay_from_the_oldest_item() -> None:
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=64, max_delay_s=0.005)
+    batcher.add("k", "a", rows=1, now=100.0)
+    batcher.add("k", "b", rows=1, now=100.004)
+    assert batcher.next_due() == pytest.approx(100.005)
+    assert batcher.due(now=100.0049) == []
+    [batch] = batcher.due(now=100.0051)
+    assert batch.items == ["a", "b"]
+    assert batcher.next_due() is None

@@ -1,0 +1,243 @@
+"""The runtime every stage kind shares: consume, backpressure, rebalance, drain.
+
+A stage kind (stateless batching, DALI, sequences) implements three hooks:
+:meth:`StreamStage.handle` (one consumed record, with its outbox slot),
+:meth:`StreamStage.tick` (time passed: release due work) and
+:meth:`StreamStage.release` (hand over all formed work now: shutdown or
+rebalance). Everything about Kafka delivery lives here and in
+:mod:`pipeline.kafka.outbox`, once.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from pipeline.contract.errors import ErrorClass, one_line
+from pipeline.contract.records import dead_letter_headers
+from pipeline.kafka.clients import make_consumer, make_producer
+from pipeline.kafka.ordering import Slot
+from pipeline.kafka.outbox import OutRecord, Outbox
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+Record = ConsumerRecord[bytes, bytes]
+
+
+@dataclass(frozen=True)
+class StageIO:
+    """Where a stage reads and writes, and how much it may hold."""
+
+    stage: str
+    group_id: str
+    input_topic: str
+    output_topic: str
+    dead_letter_topic: str
+    max_pending: int = 4096
+    drain_timeout_s: float = 20.0
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, stage: StreamStage) -> None:
+        self._stage = stage
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._stage.hand_back(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("%s: assigned %s", self._stage.io.stage, sorted(map(str, assigned)))
+
+
+class StreamStage(abc.ABC):
+    """Consume ``io.input_topic`` as group ``io.group_id``; outputs go through the outbox."""
+
+    def __init__(self, io: StageIO, kafka: KafkaSettings, metrics: PipelineMetrics) -> None:
+        self.io = io
+        self.kafka = kafka
+        self.metrics = metrics
+        self.ready = False
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._outbox: Outbox | None = None
+        self._paused = False
+
+    # ------------------------------------------------------------------ hooks
+    async def setup(self) -> None:
+        """Connect to what the stage needs (Triton, DALI) before consuming."""
+
+    async def teardown(self) -> None:
+        """Release what :meth:`setup` acquired."""
+
+    @abc.abstractmethod
+    async def handle(self, record: Record, slot: Slot[OutRecord]) -> None:
+        """Process one record; complete ``slot`` now or later (never drop it)."""
+
+    async def tick(self) -> None:
+        """Called at least every few milliseconds: release work that is due."""
+
+    def next_tick_s(self) -> float:
+        """How long the consume loop may wait for records before :meth:`tick` is due."""
+        return 0.05
+
+    async def release(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Start all formed work now (all partitions, or the ones being revoked)."""
+
+    # ------------------------------------------------------------------ helpers for stages
+    @property
+    def outbox(self) -> Outbox:
+        assert self._outbox is not None, "stage not started"
+        return self._outbox
+
+    def dead_letter(
+        self, record: Record, slot: Slot[OutRecord], error_class: ErrorClass | str, reason: str
+    ) -> None:
+        """Send the record, byte for byte, to the dead-letter topic with the reason."""
+        error = ErrorClass(error_class)
+        headers = dead_letter_headers(
+            list(record.headers or ()),
+            stage=self.io.stage,
+            error_class=error,
+            reason=one_line(reason),
+            now_ms=int(time.time() * 1000),
+        )
+        self.outbox.complete(
+            slot,
+            OutRecord(
+                topic=self.io.dead_letter_topic,
+                key=record.key,
+                value=record.value,
+                headers=headers,
+                dead_letter=True,
+                error_class=error.value,
+                request_timestamp_ms=record.timestamp,
+            ),
+        )
+        log.info("%s: dead letter %s@%d: %s: %s", self.io.stage, record.topic, record.offset, error.value, reason)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        await self.setup()
+        self._producer = make_producer(self.kafka)
+        await self._producer.start()
+        self._consumer = make_consumer(self.kafka, group_id=self.io.group_id)
+        self._outbox = Outbox(self._producer, self._consumer, on_acknowledged=self._acknowledged)
+        self._consumer.subscribe([self.io.input_topic], listener=_Rebalance(self))
+        await self._consumer.start()
+        self.ready = True
+
+    def _acknowledged(self, out: OutRecord) -> None:
+        if out.dead_letter:
+            self.metrics.dead_letters.labels(self.io.stage, out.error_class or "unknown").inc()
+        else:
+            self.metrics.results.labels(self.io.stage).inc()
+        if out.request_timestamp_ms:
+            latency = time.time() - out.request_timestamp_ms / 1000
+            self.metrics.end_to_end.labels(self.io.stage).observe(max(latency, 0.0))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop``; then hand over and commit everything (bounded by drain_timeout_s)."""
+        if self._consumer is None:
+            await self.start()
+        outbox_stop = asyncio.Event()
+        emitter = asyncio.create_task(self.outbox.run(outbox_stop), name=f"{self.io.stage}-outbox")
+        try:
+            await self._consume(stop, emitter)
+        finally:
+            self.ready = False
+            await self._drain()
+            outbox_stop.set()
+            await asyncio.gather(emitter, return_exceptions=True)
+            await self._close()
+
+    async def _consume(self, stop: asyncio.Event, emitter: asyncio.Task[None]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        stage = self.io.stage
+        while not stop.is_set():
+            if emitter.done():
+                emitter.result()  # surfaces an outbox failure
+            self.outbox.raise_if_failed()
+            room = self.io.max_pending - self.outbox.pending()
+            self.metrics.pending_requests.labels(stage).set(self.outbox.pending())
+            if room <= 0:
+                self._pause(consumer)
+            elif self._paused and room >= self.io.max_pending // 2:
+                self._resume(consumer)
+            # Poll even while paused: it keeps the group membership alive (max.poll.interval).
+            batch = await consumer.getmany(
+                timeout_ms=int(max(self.next_tick_s(), 0.001) * 1000),
+                max_records=min(max(room, 1), 1000),
+            )
+            for tp, records in batch.items():
+                for record in records:
+                    slot = self.outbox.track(record)
+                    self.metrics.requests.labels(stage).inc()
+                    try:
+                        await self.handle(record, slot)
+                    except Exception as exc:  # noqa: BLE001 - a bug in one record never stops the stage
+                        log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
+                        self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
+                self._observe_lag(consumer, tp)
+            await self.tick()
+
+    def _observe_lag(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+        high = consumer.highwater(tp)
+        if high is None:
+            return
+        try:
+            position = consumer._fetcher._subscriptions.assignment[tp].position  # noqa: SLF001
+        except (AttributeError, KeyError):
+            return
+        if position is not None:
+            self.metrics.consumer_lag.labels(self.io.stage, tp.topic, str(tp.partition)).set(high - position)
+
+    def _pause(self, consumer: AIOKafkaConsumer) -> None:
+        if not self._paused:
+            consumer.pause(*consumer.assignment())
+            self._paused = True
+            self.metrics.paused.labels(self.io.stage).set(1)
+
+    def _resume(self, consumer: AIOKafkaConsumer) -> None:
+        consumer.resume(*consumer.assignment())
+        self._paused = False
+        self.metrics.paused.labels(self.io.stage).set(0)
+
+    async def hand_back(self, partitions: list[TopicPartition]) -> None:
+        """Rebalance: finish what we hold for ``partitions``, commit it, let them go."""
+        if self._outbox is None or not partitions:
+            return
+        await self.release(partitions)
+        deadline = time.monotonic() + self.io.drain_timeout_s
+        while time.monotonic() < deadline and any(self.outbox.pending(tp) for tp in partitions):
+            await self.outbox.emit_ready()
+            await asyncio.sleep(0.01)
+        await self.outbox.flush(max(0.0, deadline - time.monotonic()))
+        await self.outbox.commit(partitions)
+        dropped = sum(self.outbox.forget(tp) for tp in partitions)
+        log.info("%s: handed back %s (%d unfinished, replayed by next owner)", self.io.stage, partitions, dropped)
+
+    async def _drain(self) -> None:
+        if self._outbox is None:
+            return
+        await self.release(None)
+        deadline = time.monotonic() + self.io.drain_timeout_s
+        while time.monotonic() < deadline and self.outbox.pending():
+            await self.outbox.emit_ready()
+            await asyncio.sleep(0.01)
+        await self.outbox.flush(max(0.1, deadline - time.monotonic()))
+        await self.outbox.commit()
+
+    async def _close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        await self.teardown()
