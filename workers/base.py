@@ -185,19 +185,16 @@ class StreamStage(abc.ABC):
                     except Exception as exc:  # noqa: BLE001 - a bug in one record never stops the stage
                         log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
                         self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
-                self._observe_lag(consumer, tp)
+                if records:
+                    self._observe_lag(consumer, tp, records[-1].offset)
             await self.tick()
 
-    def _observe_lag(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+    def _observe_lag(self, consumer: AIOKafkaConsumer, tp: TopicPartition, last_offset: int) -> None:
+        """Records between what we just fetched and the partition's end (high watermark)."""
         high = consumer.highwater(tp)
-        if high is None:
-            return
-        try:
-            position = consumer._fetcher._subscriptions.assignment[tp].position  # noqa: SLF001
-        except (AttributeError, KeyError):
-            return
-        if position is not None:
-            self.metrics.consumer_lag.labels(self.io.stage, tp.topic, str(tp.partition)).set(high - position)
+        if high is not None:
+            lag = max(0, high - (last_offset + 1))
+            self.metrics.consumer_lag.labels(self.io.stage, tp.topic, str(tp.partition)).set(lag)
 
     def _pause(self, consumer: AIOKafkaConsumer) -> None:
         if not self._paused:

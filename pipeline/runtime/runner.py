@@ -23,7 +23,8 @@ from pipeline.settings import Endpoints
 from pipeline.topology.model import StatelessStage as StatelessStageConfig
 from pipeline.topology.model import Topology
 from workers.base import StageIO, StreamStage
-from workers.stateless import RetryPolicy, StatelessSettings, StatelessStage
+from workers.stateless import BatchingSettings, BatchingStage, RetryPolicy
+from workers.triton_backend import TritonModelBackend
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,13 @@ def build_stages(
                 max_pending=config.batching.max_pending_requests,
             )
             stages.append(
-                StatelessStage(
+                BatchingStage(
                     io,
-                    _stateless_settings(config),
+                    TritonModelBackend(endpoints.triton, config.model, config.model_version),
+                    _batching_settings(config),
                     kafka=endpoints.kafka,
-                    triton=endpoints.triton,
                     metrics=metrics,
+                    warmup=config.warmup,
                 )
             )
         else:
@@ -73,11 +75,9 @@ def build_stages(
     return stages
 
 
-def _stateless_settings(config: StatelessStageConfig) -> StatelessSettings:
+def _batching_settings(config: StatelessStageConfig) -> BatchingSettings:
     b = config.batching
-    return StatelessSettings(
-        model=config.model,
-        model_version=config.model_version,
+    return BatchingSettings(
         max_batch_size=b.max_batch_size,
         max_queue_delay_s=b.max_queue_delay_ms / 1000,
         max_inflight_batches=b.max_inflight_batches,
@@ -90,7 +90,6 @@ def _stateless_settings(config: StatelessStageConfig) -> StatelessSettings:
             max_backoff_s=config.retry.max_backoff_ms / 1000,
         ),
         max_request_bytes=config.max_request_bytes,
-        warmup=config.warmup,
     )
 
 

@@ -340,3 +340,42 @@ def test_triton_down_for_20_seconds_loses_nothing_and_memory_stays_bounded(
     assert peak_pending <= max_pending
     assert peak_rss - baseline_rss < 100 * 2**20, "worker memory grew during the outage"
     assert retries > 0
+
+
+# ------------------------------------------------------------------ scale out
+
+
+def test_second_process_joins_mid_stream_and_nothing_is_lost(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
+    """Scale-out is more processes in one consumer group: a join rebalances partitions
+    while batches are in flight; the revoked side hands back and commits first."""
+    n = 6_000
+    topo = write_topology(tmp_path, partitions=4, stage={"warmup": True})
+    records, features = _requests(n, seed=4, prefix="scale")
+    with pipeline_process(topo, cli_env, tmp_path, stage="classify") as first:
+        producer = threading.Thread(
+            target=lambda: asyncio.run(produce(kafka_bootstrap, topo.input_topic, records, rate=1_000))
+        )
+        producer.start()
+        time.sleep(2)
+        with pipeline_process(topo, cli_env, tmp_path, stage="classify") as second:
+            producer.join(timeout=60)
+            out = asyncio.run(
+                collect(
+                    kafka_bootstrap,
+                    [topo.result_topic, topo.dead_letter_topic],
+                    done=lambda rs: len({r.key for r in rs}) >= n,
+                    timeout=120,
+                )
+            )
+            shares = (first.metric("pipeline_results_total"), second.metric("pipeline_results_total"))
+            assert second.terminate() == 0, second.log()
+        assert first.terminate() == 0, first.log()
+    assert out.on(topo.dead_letter_topic) == []
+    counts = _check_results(out.on(topo.result_topic), features, "scale")
+    assert set(counts) == {f"scale-{i}" for i in range(n)}
+    assert shares[1] > 0, f"the second process got no work: {shares}"
+    duplicates = sum(c - 1 for c in counts.values())
+    record_property("duplicates_after_rebalance", duplicates)
+    print(f"\nresults per process {shares}, duplicates {duplicates}")
