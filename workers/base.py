@@ -23,7 +23,7 @@ from pipeline.contract.errors import ErrorClass, one_line
 from pipeline.contract.records import dead_letter_headers
 from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import OutRecord, Outbox
+from pipeline.kafka.outbox import OutRecord, Outbox, Outputs
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 
@@ -49,11 +49,22 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, stage: StreamStage) -> None:
         self._stage = stage
 
+    # aiokafka logs and swallows listener errors; a stage must not run on with
+    # unrestored state or un-handed-back work, so errors stop it instead.
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self._stage.hand_back(list(revoked))
+        try:
+            await self._stage.hand_back(list(revoked))
+        except Exception as exc:
+            self._stage.fail(exc)
+            raise
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self._stage.io.stage, sorted(map(str, assigned)))
+        try:
+            await self._stage.restore(list(assigned))
+        except Exception as exc:
+            self._stage.fail(exc)
+            raise
 
 
 class StreamStage(abc.ABC):
@@ -68,6 +79,11 @@ class StreamStage(abc.ABC):
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
         self._paused = False
+        self._fatal: BaseException | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""
+        self._fatal = exc
 
     # ------------------------------------------------------------------ hooks
     async def setup(self) -> None:
@@ -77,7 +93,7 @@ class StreamStage(abc.ABC):
         """Release what :meth:`setup` acquired."""
 
     @abc.abstractmethod
-    async def handle(self, record: Record, slot: Slot[OutRecord]) -> None:
+    async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
         """Process one record; complete ``slot`` now or later (never drop it)."""
 
     async def tick(self) -> None:
@@ -88,7 +104,14 @@ class StreamStage(abc.ABC):
         return 0.05
 
     async def release(self, partitions: list[TopicPartition] | None = None) -> None:
-        """Start all formed work now (all partitions, or the ones being revoked)."""
+        """Finish (or abandon) all work on these partitions (all when None), within
+        ``io.drain_timeout_s``: shutdown or rebalance. Abandoned records are replayed."""
+
+    async def restore(self, partitions: list[TopicPartition]) -> None:
+        """Partitions were assigned: load their state before their records are handled."""
+
+    async def forget(self, partitions: list[TopicPartition]) -> None:
+        """Partitions were handed back: drop their in-memory state."""
 
     # ------------------------------------------------------------------ helpers for stages
     @property
@@ -97,7 +120,7 @@ class StreamStage(abc.ABC):
         return self._outbox
 
     def dead_letter(
-        self, record: Record, slot: Slot[OutRecord], error_class: ErrorClass | str, reason: str
+        self, record: Record, slot: Slot[Outputs], error_class: ErrorClass | str, reason: str
     ) -> None:
         """Send the record, byte for byte, to the dead-letter topic with the reason."""
         error = ErrorClass(error_class)
@@ -134,6 +157,8 @@ class StreamStage(abc.ABC):
         self.ready = True
 
     def _acknowledged(self, out: OutRecord) -> None:
+        if not out.counts_as_result:
+            return
         if out.dead_letter:
             self.metrics.dead_letters.labels(self.io.stage, out.error_class or "unknown").inc()
         else:
@@ -165,6 +190,8 @@ class StreamStage(abc.ABC):
             if emitter.done():
                 emitter.result()  # surfaces an outbox failure
             self.outbox.raise_if_failed()
+            if self._fatal is not None:
+                raise self._fatal
             room = self.io.max_pending - self.outbox.pending()
             self.metrics.pending_requests.labels(stage).set(self.outbox.pending())
             if room <= 0:
@@ -211,25 +238,18 @@ class StreamStage(abc.ABC):
         """Rebalance: finish what we hold for ``partitions``, commit it, let them go."""
         if self._outbox is None or not partitions:
             return
-        await self.release(partitions)
-        deadline = time.monotonic() + self.io.drain_timeout_s
-        while time.monotonic() < deadline and any(self.outbox.pending(tp) for tp in partitions):
-            await self.outbox.emit_ready()
-            await asyncio.sleep(0.01)
-        await self.outbox.flush(max(0.0, deadline - time.monotonic()))
+        await self.release(partitions)  # completes (or abandons) the stage's work on them
+        await self.outbox.flush(self.io.drain_timeout_s)
         await self.outbox.commit(partitions)
         dropped = sum(self.outbox.forget(tp) for tp in partitions)
+        await self.forget(partitions)
         log.info("%s: handed back %s (%d unfinished, replayed by next owner)", self.io.stage, partitions, dropped)
 
     async def _drain(self) -> None:
         if self._outbox is None:
             return
         await self.release(None)
-        deadline = time.monotonic() + self.io.drain_timeout_s
-        while time.monotonic() < deadline and self.outbox.pending():
-            await self.outbox.emit_ready()
-            await asyncio.sleep(0.01)
-        await self.outbox.flush(max(0.1, deadline - time.monotonic()))
+        await self.outbox.flush(self.io.drain_timeout_s)
         await self.outbox.commit()
 
     async def _close(self) -> None:

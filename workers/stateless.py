@@ -37,7 +37,7 @@ from pipeline.contract.records import result_headers
 from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import OutRecord
+from pipeline.kafka.outbox import OutRecord, Outputs
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from workers.base import Record, StageIO, StreamStage
@@ -125,7 +125,7 @@ class BatchBackend(Protocol):
 @dataclass(eq=False)
 class _Pending:
     record: Record
-    slot: Slot[OutRecord]
+    slot: Slot[Outputs]
     request: InferenceRequest
     rows: int
     enqueued: float
@@ -179,7 +179,7 @@ class BatchingStage(StreamStage):
         await self.backend.close()
 
     # ------------------------------------------------------------------ per record
-    async def handle(self, record: Record, slot: Slot[OutRecord]) -> None:
+    async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
         assert self._batcher is not None
         try:
             request = decode_request(

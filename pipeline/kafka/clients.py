@@ -47,8 +47,9 @@ def make_consumer(
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": 4 << 20,
-        "session_timeout_ms": 30_000,
-        "heartbeat_interval_ms": 3_000,
+        # A dead worker's partitions move after 10 s, not Kafka's 45 s default.
+        "session_timeout_ms": 10_000,
+        "heartbeat_interval_ms": 1_000,
         "max_poll_interval_ms": 300_000,
         "isolation_level": "read_committed",
     }
@@ -62,8 +63,13 @@ async def ensure_topics(
     *,
     partitions: int,
     replication_factor: int = 1,
+    compacted: Iterable[str] = (),
 ) -> list[str]:
-    """Create the topics that do not exist yet; returns the ones it created."""
+    """Create the topics that do not exist yet; returns the ones it created.
+
+    ``compacted`` topics (state changelogs) get ``cleanup.policy=compact`` so
+    the broker keeps the latest value per key forever, not by time.
+    """
     admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
     try:
         await admin.start()
@@ -76,7 +82,16 @@ async def ensure_topics(
         wanted = [t for t in dict.fromkeys(topics) if t not in existing]
         if not wanted:
             return []
-        new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor) for t in wanted]
+        compact = set(compacted)
+        new = [
+            NewTopic(
+                t,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                topic_configs={"cleanup.policy": "compact"} if t in compact else {},
+            )
+            for t in wanted
+        ]
         try:
             await admin.create_topics(new)
         except TopicAlreadyExistsError:

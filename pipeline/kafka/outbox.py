@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -29,7 +30,7 @@ Headers = list[tuple[str, bytes]]
 
 @dataclass(frozen=True)
 class OutRecord:
-    """What one consumed record turns into."""
+    """One record a consumed record turns into (a result, a dead letter, a checkpoint)."""
 
     topic: str
     key: bytes | None
@@ -38,8 +39,14 @@ class OutRecord:
     dead_letter: bool = False
     error_class: str | None = None
     request_timestamp_ms: int | None = None
+    partition: int | None = None  # None: the producer's partitioner picks by key
+    after_acks: bool = False
+    """Send only once every earlier output of the same partition line is acknowledged
+    (a state checkpoint must never be visible before the results it accounts for)."""
+    counts_as_result: bool = True  # metrics: checkpoints are not results
 
 
+Outputs = tuple[OutRecord, ...]
 OnAcknowledged = Callable[[OutRecord], None]
 
 
@@ -55,21 +62,22 @@ class Outbox:
     ) -> None:
         self._producer = producer
         self._consumer = consumer
-        self._offsets: OrderedOffsets[OutRecord] = OrderedOffsets()
+        self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
-        self._delivery: set[asyncio.Future[object]] = set()
+        self._delivery: set[asyncio.Future[Any]] = set()
+        self._barriers: dict[TopicPartition, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
 
     # ------------------------------------------------------------------ tracking
-    def track(self, record: ConsumerRecord[bytes, bytes]) -> Slot[OutRecord]:
+    def track(self, record: ConsumerRecord[bytes, bytes]) -> Slot[Outputs]:
         return self._offsets.add(TopicPartition(record.topic, record.partition), record.offset)
 
-    def complete(self, slot: Slot[OutRecord], output: OutRecord) -> None:
-        """Give a slot its output; it is produced once everything before it is."""
+    def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs) -> None:
+        """Give a slot its outputs (possibly none); they are produced once everything before is."""
         if slot.output is not None:
             return  # first answer wins (e.g. a deadline fired while the batch returned)
-        slot.output = output
+        slot.output = (output,) if isinstance(output, OutRecord) else tuple(output)
         self._changed.set()
 
     def pending(self, tp: TopicPartition | None = None) -> int:
@@ -81,16 +89,52 @@ class Outbox:
 
     # ------------------------------------------------------------------ emission
     async def emit_ready(self) -> None:
-        """Produce every ready output that is at the head of its partition's line."""
+        """Produce the outputs of every ready slot at the head of its partition's line."""
         for tp in self._offsets.partitions():
             for slot in self._offsets.emittable(tp):
                 assert slot.output is not None
-                out = slot.output
-                fut = await self._producer.send(out.topic, value=out.value, key=out.key, headers=out.headers)
-                self._delivery.add(fut)
-                fut.add_done_callback(lambda f, s=slot: self._delivered(f, s))
+                split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
+                now, later = slot.output[:split], slot.output[split:]
+                sent = [await self._send(out) for out in now]
+                if later:
+                    # Serialised per partition line: checkpoints leave in slot order.
+                    previous = self._barriers.get(tp)
+                    self._barriers[tp] = asyncio.create_task(self._send_after(previous, sent, later, slot))
+                elif sent:
+                    done = asyncio.gather(*sent)
+                    self._delivery.add(done)
+                    done.add_done_callback(lambda f, s=slot: self._delivered(f, s))
+                else:
+                    self._acknowledge(slot)
 
-    def _delivered(self, fut: asyncio.Future[object], slot: Slot[OutRecord]) -> None:
+    async def _send(self, out: OutRecord) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = await self._producer.send(
+            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
+        )
+        return fut
+
+    async def _send_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        sent: list[asyncio.Future[Any]],
+        later: Outputs,
+        slot: Slot[Outputs],
+    ) -> None:
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._delivery.add(done)
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)
+            await asyncio.gather(*sent)
+            rest = [await self._send(out) for out in later]
+            await asyncio.gather(*rest)
+        except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        self._delivered(done, slot)
+
+    def _delivered(self, fut: asyncio.Future[Any], slot: Slot[Outputs]) -> None:
         self._delivery.discard(fut)
         if fut.cancelled():
             return
@@ -100,9 +144,13 @@ class Outbox:
             log.error("output for %s@%d not delivered: %s", slot.tp, slot.offset, exc)
             self._failure = exc
             return
+        self._acknowledge(slot)
+
+    def _acknowledge(self, slot: Slot[Outputs]) -> None:
         self._offsets.acknowledge(slot)
-        if self._on_ack is not None and slot.output is not None:
-            self._on_ack(slot.output)
+        if self._on_ack is not None and slot.output:
+            for out in slot.output:
+                self._on_ack(out)
         self._changed.set()
 
     async def run(self, stop: asyncio.Event, commit_interval_s: float = 0.2) -> None:
@@ -120,16 +168,21 @@ class Outbox:
                 last_commit = time.monotonic()
 
     async def flush(self, timeout_s: float) -> bool:
-        """Emit what is ready and wait for its delivery; True when nothing is left in flight."""
+        """Emit every ready slot that can leave (in order) and wait for its delivery.
+
+        Slots the stage never completed (work handed back unfinished) stay
+        pending and block the slots behind them; they are replayed by whoever
+        consumes the partition next. True when nothing is left in flight.
+        """
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             await self.emit_ready()
-            if self._delivery:
-                await asyncio.wait(set(self._delivery), timeout=max(0.0, deadline - time.monotonic()))
-            if not self._delivery and self._offsets.pending() == 0:
+            if not self._delivery:
                 return True
-            await asyncio.sleep(0.01)
-        return not self._delivery
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            await asyncio.wait(set(self._delivery), timeout=remaining)
 
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         offsets = self._offsets.committable()

@@ -80,6 +80,21 @@ class PipelineMetrics:
             ["stage", "topic", "partition"],
             registry=r,
         )
+        self.duplicates_dropped = Counter(
+            "pipeline_duplicate_chunks_dropped_total",
+            "Stream chunks dropped as exact duplicates of chunks already applied.",
+            ["stage"],
+            registry=r,
+        )
+        self.idle_closed = Counter(
+            "pipeline_streams_closed_idle_total", "Streams closed after their idle timeout.", ["stage"], registry=r
+        )
+        self.streams_open = Gauge(
+            "pipeline_streams_open", "Streams with state held by this process.", ["stage"], registry=r
+        )
+        self.device = Gauge(
+            "pipeline_stage_device_info", "Where a stage computes (1 for its device).", ["stage", "device"], registry=r
+        )
         self.paused = Gauge(
             "pipeline_consumer_paused", "1 while consumption is paused by backpressure.", ["stage"], registry=r
         )

@@ -21,8 +21,10 @@ from pipeline.observability.snapshot import publish_snapshots
 from pipeline.runtime.health import HealthServer
 from pipeline.settings import Endpoints
 from pipeline.topology.model import StatelessStage as StatelessStageConfig
+from pipeline.topology.model import SequenceStage as SequenceStageConfig
 from pipeline.topology.model import Topology
 from workers.base import StageIO, StreamStage
+from workers.sequence import SequenceStage
 from workers.stateless import BatchingSettings, BatchingStage, RetryPolicy
 from workers.triton_backend import TritonModelBackend
 
@@ -70,6 +72,25 @@ def build_stages(
                     warmup=config.warmup,
                 )
             )
+        elif isinstance(config, SequenceStageConfig):
+            io = StageIO(
+                stage=config.name,
+                group_id=topology.group_id(config.name),
+                input_topic=input_topic,
+                output_topic=output_topic,
+                dead_letter_topic=topology.dead_letter_topic,
+                max_pending=config.max_pending_requests,
+            )
+            stages.append(
+                SequenceStage(
+                    io,
+                    config,
+                    state_topic=topology.state_topic(config.name),
+                    kafka=endpoints.kafka,
+                    triton=endpoints.triton,
+                    metrics=metrics,
+                )
+            )
         else:
             raise ConfigError(f"stage {config.name!r}: kind {config.kind!r} is not supported by this version")
     return stages
@@ -110,11 +131,13 @@ async def run_topology(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     metrics = PipelineMetrics()
+    state_topics = topology.state_topics()
     created = await ensure_topics(
         endpoints.kafka,
-        topology.topics(),
+        [*topology.topics(), *state_topics],
         partitions=topology.kafka.partitions,
         replication_factor=topology.kafka.replication_factor,
+        compacted=state_topics,
     )
     if created:
         log.info("created topics: %s", ", ".join(created))

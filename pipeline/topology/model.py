@@ -257,27 +257,73 @@ class StatelessStage(_StageBase):
 
 
 class DaliStage(_StageBase):
-    """Audio pre-processing with NVIDIA DALI (framing and resampling); no Triton model."""
+    """Audio pre-processing with NVIDIA DALI: decode, downmix, resample; no Triton model.
+
+    Stateless and batched across records like any stateless stage. Framing into
+    the model's window needs samples carried over from chunk to chunk, so it is
+    done by the sequence stage, whose per-stream state is checkpointed.
+    """
 
     kind: Literal["dali"]
     sample_rate: PositiveInt = 16000
     """Sample rate (Hz) the stage produces."""
-    frame_samples: PositiveInt = 512
-    """Samples per emitted frame."""
     device: Literal["auto", "cpu", "gpu"] = "auto"
     """Where DALI runs; auto = the GPU when one is visible."""
+    input_tensor: str = "audio"
+    """Request tensor holding the chunk: BYTES (a WAV file) or INT16/FP32 PCM with a
+    ``sample_rate`` request parameter."""
+    output_tensor: str = "audio"
+    """Tensor the 16 kHz mono FP32 samples are published as."""
+    max_chunk_seconds: PositiveFloat = 10.0
+    """Longer chunks are dead-lettered: a chunk is a piece of a stream, not a recording."""
+    batching: Batching = Field(default_factory=Batching)
+    max_request_bytes: PositiveInt = 16 * 1024 * 1024
+
+
+class SegmentSettings(_Strict):
+    """Speech segments from per-frame probabilities (Silero's hysteresis rule)."""
+
+    threshold: float = Field(default=0.5, gt=0, lt=1)
+    """A frame at or above this probability is speech."""
+    neg_threshold: float = Field(default=0.35, gt=0, lt=1)
+    """Below this, a frame counts towards closing a segment."""
+    min_speech_ms: NonNegativeFloat = 250.0
+    """Shorter segments are not reported."""
+    min_silence_ms: NonNegativeFloat = 300.0
+    """Silence needed to close a segment."""
+    output: str = "probability"
+    """Model output holding the per-frame probability."""
 
 
 class SequenceStage(_StageBase):
-    """A stateful Triton model: all records of one key go to one Triton sequence."""
+    """A stateful Triton model: all records of one key go to one Triton sequence, in order."""
 
     kind: Literal["sequence"]
     model: str = Field(min_length=1)
     """Triton model name; the model must declare sequence_batching."""
-    idle_timeout_s: PositiveFloat = 60.0
-    """A sequence with no record for this long is ended and its state released."""
-    max_sequences: PositiveInt = 1024
-    """Sequences open at once per worker; beyond it the least recently used one is ended."""
+    model_version: ModelVersion = ""
+    input_tensor: str = "audio"
+    """Request tensor with the stream's new samples; framed into the model's window."""
+    model_input: str | None = None
+    """Model input the frames go to; null = the model's first non-optional input."""
+    state_map: TensorMap = Field(default_factory=dict)
+    """Model state input -> the output that feeds it (e.g. state_in: state_out). The worker
+    checkpoints these outputs to Kafka and sends them back with START to resume a sequence
+    after a crash, a rebalance or a Triton restart."""
+    idle_timeout_s: PositiveFloat | None = None
+    """A stream with no chunk for this long is closed (summary with reason "idle");
+    null = the model's max_sequence_idle_microseconds."""
+    max_inflight_requests: PositiveInt = 64
+    """Triton calls in flight at once (one per stream at most)."""
+    reorder_window: PositiveInt = 16
+    """Chunks that may arrive ahead of a missing one; further ahead is dead-lettered."""
+    gap_timeout_s: PositiveFloat = 5.0
+    """How long chunks wait for a missing earlier chunk before they are dead-lettered."""
+    ended_retention_s: PositiveFloat = 600.0
+    """How long an ended stream is remembered, so late duplicates are recognised."""
+    max_pending_requests: PositiveInt = 4096
+    segments: SegmentSettings | None = None
+    """Report speech segments and a per-stream summary (VAD models)."""
 
 
 Stage = Annotated[StatelessStage | DaliStage | SequenceStage, Field(discriminator="kind")]
@@ -413,6 +459,13 @@ class Topology(_Strict):
             self.dead_letter_topic,
             self.metrics_topic,
         ]
+
+    def state_topic(self, stage: str) -> str:
+        """Compacted changelog of a stateful stage's per-stream state."""
+        return f"{self.group_id(stage)}.state"
+
+    def state_topics(self) -> list[str]:
+        return [self.state_topic(s.name) for s in self.stages if isinstance(s, SequenceStage)]
 
     def stage(self, name: str) -> Stage:
         """The stage called ``name``."""

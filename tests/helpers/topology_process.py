@@ -34,8 +34,15 @@ class TopologyFiles:
     metrics_topic: str
 
 
-def write_topology(tmp_path: Path, *, partitions: int = 4, stage: dict[str, Any] | None = None) -> TopologyFiles:
-    """A one-stage dense_classifier topology with unique names."""
+def write_topology(
+    tmp_path: Path,
+    *,
+    partitions: int = 4,
+    stage: dict[str, Any] | None = None,
+    stages: list[dict[str, Any]] | None = None,
+) -> TopologyFiles:
+    """A topology with unique names: by default one dense_classifier stage (``stage``
+    overrides its settings); ``stages`` replaces the stage list entirely."""
     suffix = uuid.uuid4().hex[:8]
     name = f"t-{suffix}"
     stage_config: dict[str, Any] = {
@@ -53,7 +60,7 @@ def write_topology(tmp_path: Path, *, partitions: int = 4, stage: dict[str, Any]
         "dead_letter_topic": f"{name}.dead-letters",
         "metrics_topic": f"{name}.metrics",
         "metrics_interval_s": 1,
-        "stages": [stage_config],
+        "stages": stages if stages is not None else [stage_config],
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
