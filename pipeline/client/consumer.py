@@ -1,0 +1,186 @@
+"""Read records from topics until a count, an idle timeout or a signal; classify each.
+
+Without a group the consumer reads every partition and commits nothing: a
+look at a topic must not move a real consumer group's offsets. With a group
+it joins it, reads its share of the partitions and commits after each batch
+it has handed on, like any other member.
+
+"Latest" (the default start) has a race built in: a record produced between
+subscribing and the consumer learning the end offsets would be skipped. So
+before reporting ready, the consumer resolves the position of every assigned
+partition; ``on_ready`` fires only then, and anything produced after it is
+seen. Scripts wait for that line on stderr before producing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from pipeline.client.decoding import Consumed, classify
+from pipeline.contract.errors import one_line
+from pipeline.errors import EndpointUnreachable
+from pipeline.kafka.clients import make_consumer
+from pipeline.settings import KafkaSettings
+
+#: How long to wait for the broker, and for the topics' partitions to be assigned.
+CONNECT_TIMEOUT_S = 10.0
+#: Session timeout of a ``--group`` member. Short, since an interactive tool is often stopped
+#: hard: a member that vanished without leaving holds the next join up for this long. (aiokafka
+#: also skips LeaveGroup in generation 0, the first generation Tansu hands out.)
+GROUP_SESSION_TIMEOUT_S = 10.0
+_POLL_MS = 200
+
+
+class StopReason(str, Enum):
+    """Why reading ended: ``--count`` reached, ``--timeout`` idle, or Ctrl-C/SIGTERM."""
+
+    COUNT = "count"
+    IDLE = "idle"
+    SIGNAL = "signal"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ConsumeOptions:
+    """When to start and when to stop."""
+
+    from_beginning: bool = False
+    count: int | None = None
+    """Stop after this many records (None: no limit)."""
+    idle_timeout_s: float | None = 10.0
+    """Stop after this long without a record (None: follow until stopped)."""
+    group: str | None = None
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class ConsumeResult:
+    """How a consume run ended."""
+
+    records: int
+    stopped_by: StopReason
+    missing_topics: list[str]
+    """Topics that had no partition assigned when the consumer became ready."""
+
+
+async def consume(
+    topics: list[str],
+    *,
+    settings: KafkaSettings,
+    options: ConsumeOptions,
+    on_record: Callable[[Consumed], None],
+    on_ready: Callable[[list[TopicPartition], list[str]], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> ConsumeResult:
+    """Consume ``topics``, calling ``on_record`` with each classified record in partition order."""
+    overrides = {"session_timeout_ms": int(GROUP_SESSION_TIMEOUT_S * 1000)} if options.group else {}
+    consumer = make_consumer(
+        settings,
+        group_id=options.group,
+        auto_offset_reset="earliest" if options.from_beginning else "latest",
+        **overrides,
+    )
+    try:
+        await asyncio.wait_for(consumer.start(), options.connect_timeout_s)
+    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        await consumer.stop()
+        reason = one_line(str(exc)) or f"no answer within {options.connect_timeout_s:g} s"
+        raise EndpointUnreachable(
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {reason}"
+        ) from None
+    try:
+        consumer.subscribe(topics)
+        # A group join waits for the members of the previous generation, up to a session timeout.
+        patience = options.connect_timeout_s + (GROUP_SESSION_TIMEOUT_S if options.group else 0.0)
+        assigned = await _wait_assigned(
+            consumer, topics, patience, stop, every_topic=not options.group
+        )
+        for partition in assigned:
+            await consumer.position(
+                partition
+            )  # resolves "latest"/"earliest" now, not at first fetch
+        missing = sorted(set(topics) - {tp.topic for tp in assigned})
+        if on_ready is not None:
+            on_ready(sorted(assigned), missing)
+        records, reason = await _loop(consumer, options, on_record, stop)
+        return ConsumeResult(records=records, stopped_by=reason, missing_topics=missing)
+    finally:
+        await consumer.stop()
+
+
+async def _wait_assigned(
+    consumer: AIOKafkaConsumer,
+    topics: list[str],
+    timeout: float,
+    stop: asyncio.Event | None,
+    *,
+    every_topic: bool,
+) -> list[TopicPartition]:
+    """The assignment once it is complete, or whatever it is after ``timeout``.
+
+    Without a group, complete means a partition of every topic (a topic that
+    does not exist yet has none). In a group, another member may own whole
+    topics, so any partition will do. An incomplete assignment is not an
+    error, only what ``missing_topics`` reports.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        covered = {tp.topic for tp in consumer.assignment()}
+        if covered >= set(topics) or (covered and not every_topic):
+            break
+        await asyncio.sleep(0.05)
+    return list(consumer.assignment())
+
+
+async def _loop(
+    consumer: AIOKafkaConsumer,
+    options: ConsumeOptions,
+    on_record: Callable[[Consumed], None],
+    stop: asyncio.Event | None,
+) -> tuple[int, StopReason]:
+    seen = 0
+    last_activity = time.monotonic()
+    while True:
+        if stop is not None and stop.is_set():
+            return seen, StopReason.SIGNAL
+        if options.count is not None and seen >= options.count:
+            return seen, StopReason.COUNT
+        wait_ms = _POLL_MS
+        if options.idle_timeout_s is not None:
+            remaining = options.idle_timeout_s - (time.monotonic() - last_activity)
+            if remaining <= 0:
+                return seen, StopReason.IDLE
+            wait_ms = max(1, min(_POLL_MS, int(remaining * 1000)))
+        if not consumer.assignment():  # nothing to fetch (yet): a group is still (re)joining
+            await asyncio.sleep(min(wait_ms, 50) / 1000)
+            continue
+        limit = None if options.count is None else options.count - seen
+        try:
+            # getmany can outlast its own timeout while a rebalance is in progress; the
+            # idle timeout and Ctrl-C must not. Cancelling it loses nothing: records leave
+            # the fetcher's buffer only when returned.
+            batches = await asyncio.wait_for(
+                consumer.getmany(timeout_ms=wait_ms, max_records=limit), wait_ms / 1000 + 0.5
+            )
+        except asyncio.TimeoutError:
+            continue
+        got = 0
+        for records in batches.values():
+            for record in records:
+                on_record(classify(record))
+                got += 1
+        if got:
+            seen += got
+            last_activity = time.monotonic()
+            if options.group is not None:
+                await consumer.commit()
