@@ -52,6 +52,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     # aiokafka logs and swallows listener errors; a stage must not run on with
     # unrestored state or un-handed-back work, so errors stop it instead.
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self._stage._owned.difference_update(revoked)  # noqa: SLF001
         try:
             await self._stage.hand_back(list(revoked))
         except Exception as exc:
@@ -65,6 +66,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         except Exception as exc:
             self._stage.fail(exc)
             raise
+        self._stage._owned.update(assigned)  # noqa: SLF001
 
 
 class StreamStage(abc.ABC):
@@ -80,6 +82,11 @@ class StreamStage(abc.ABC):
         self._outbox: Outbox | None = None
         self._paused = False
         self._fatal: BaseException | None = None
+        # Partitions whose records may be handled: assigned *and* restored. aiokafka
+        # calls the rebalance listener from its coordinator task while the fetcher
+        # keeps fetching, so records can arrive before restore finishes or after a
+        # revocation; they wait, or are left to the partition's next owner.
+        self._owned: set[TopicPartition] = set()
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""
@@ -204,7 +211,11 @@ class StreamStage(abc.ABC):
                 max_records=min(max(room, 1), 1000),
             )
             for tp, records in batch.items():
+                if not await self._may_handle(consumer, tp):
+                    continue  # revoked meanwhile: its next owner consumes these records
                 for record in records:
+                    if tp not in self._owned:
+                        break  # revoked while we were handling this batch
                     slot = self.outbox.track(record)
                     self.metrics.requests.labels(stage).inc()
                     try:
@@ -215,6 +226,14 @@ class StreamStage(abc.ABC):
                 if records:
                     self._observe_lag(consumer, tp, records[-1].offset)
             await self.tick()
+
+    async def _may_handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:
+        """Wait while ``tp`` is assigned but still being restored; False once it is not ours."""
+        while tp not in self._owned:
+            if tp not in consumer.assignment() or self._fatal is not None:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     def _observe_lag(self, consumer: AIOKafkaConsumer, tp: TopicPartition, last_offset: int) -> None:
         """Records between what we just fetched and the partition's end (high watermark)."""

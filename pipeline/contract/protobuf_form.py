@@ -88,7 +88,7 @@ def build_request(payload: Payload, *, typed_contents: bool = False) -> bytes:
     for name in payload.requested_outputs:
         message.outputs.add(name=name)
     parameters_into(message.parameters, payload.parameters)
-    return message.SerializeToString()
+    return message.SerializeToString(deterministic=True)  # map order is per-process otherwise
 
 
 def build_response(payload: Payload) -> bytes:
@@ -101,7 +101,7 @@ def build_response(payload: Payload) -> bytes:
         message.outputs.add(name=name, datatype=datatype, shape=np.shape(array))
         message.raw_output_contents.append(tensors.to_raw(array, datatype))
     parameters_into(message.parameters, payload.parameters)
-    return message.SerializeToString()
+    return message.SerializeToString(deterministic=True)  # map order is per-process otherwise
 
 
 def parameters_from(parameters: Any) -> dict[str, ParamValue]:

@@ -676,3 +676,27 @@ def test_validate_outputs_and_model_refuse() -> None:
         with pytest.raises(BadRequest) as info:
             check()
         assert info.value.error_class is expected
+
+
+def test_protobuf_encoding_is_byte_identical_across_processes() -> None:
+    """Re-delivered results must be exact duplicates: protobuf map order is per-process
+    unless serialisation is deterministic, so encode the same response in fresh processes."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, sys\n"
+        "from pipeline.contract.request import decode_request, encode_request\n"
+        "from pipeline.contract.response import encode_response\n"
+        "r = encode_request({'x': np.arange(4, dtype=np.float32)}, correlation_id='c', sequence_id='s',"
+        " sequence_start=True, parameters={'chunk_index': 3, 'a': 'b', 'zz': 1})\n"
+        "req = decode_request(r.value, r.headers)\n"
+        "value, _ = encode_response(req, {'y': np.ones(2, np.float32)}, model_name='m', model_version='1',"
+        " parameters={'chunk_index': 3, 'reason': 'end', 'segment_index': 0})\n"
+        "sys.stdout.write(value.hex())\n"
+    )
+    outputs = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+        for _ in range(4)
+    }
+    assert len(outputs) == 1

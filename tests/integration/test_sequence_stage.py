@@ -1,0 +1,190 @@
+"""The sequence stage end to end: streams through Triton's sequence batcher, with faults.
+
+Every test compares the pipeline's output with the Silero ONNX model run in
+process chunk by chunk: a fault (kill -9, Triton restart, rebalance) may add
+exact duplicates, never change, lose or reorder an output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.embedded.stack import EmbeddedStack
+from pipeline.settings import S3Settings
+from tests.helpers.kafka_io import collect, header, produce
+from tests.helpers.streams import (
+    SEQUENCE_STAGE,
+    assert_stream_matches,
+    expected,
+    gather,
+    interleave,
+    speech_bounds,
+    stream_records,
+    utterance,
+)
+from tests.helpers.topology_process import PipelineProcess, pipeline_process, write_topology
+from tests.helpers.vad_reference import CHUNK, CHUNK_SECONDS
+
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+
+
+def _summaries(keys: set[str]) -> callable:  # type: ignore[valid-type]
+    def done(records: list) -> bool:  # type: ignore[type-arg]
+        return {r.key.decode() for r in records if header(r, "result-type") == "summary"} >= keys
+
+    return done
+
+
+def _run_streams(topo, bootstrap: str, streams: dict[str, tuple[int, int]], rate: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+    records = interleave([stream_records(key, utterance(u), size) for key, (u, size) in streams.items()])
+    asyncio.run(produce(bootstrap, topo.input_topic, records, rate=rate))
+
+
+def test_streaming_equals_offline_and_segments_match_speech_timing(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    topo = write_topology(tmp_path, partitions=2, stages=[SEQUENCE_STAGE])
+    streams = {"u0-512": (0, CHUNK), "u1-700": (1, 700), "u2-4000": (2, 4000)}
+    with pipeline_process(topo, cli_env, tmp_path) as worker:
+        _run_streams(topo, kafka_bootstrap, streams)
+        out = asyncio.run(
+            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=_summaries(set(streams)), timeout=90)
+        )
+        assert worker.terminate() == 0
+    assert out.on(topo.dead_letter_topic) == []
+    results = gather(out.on(topo.result_topic))
+    for key, (u, size) in streams.items():
+        want = expected(u, size)
+        assert_stream_matches(results[key], want, key)
+        # The segments match where the speech really is: the onset within one chunk; the end
+        # within three, because Silero's probability decays over ~2 frames after the energy
+        # falls (measured on the reference model itself, not a pipeline effect).
+        onset, offset = speech_bounds(u)
+        first_start = results[key].segments[0][0]
+        last_end = results[key].segments[max(results[key].segments)][1]
+        assert abs(first_start - onset) <= CHUNK_SECONDS, f"{key}: speech at {onset:.3f}s, found {first_start:.3f}s"
+        assert abs(last_end - offset) <= 3 * CHUNK_SECONDS, f"{key}: speech ends {offset:.3f}s, found {last_end:.3f}s"
+
+
+def test_fifty_concurrent_streams_on_four_partitions_complete_and_in_order(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+    streams = {f"stream-{i:02d}": (i % 3, CHUNK) for i in range(50)}
+    with pipeline_process(topo, cli_env, tmp_path) as worker:
+        _run_streams(topo, kafka_bootstrap, streams)
+        out = asyncio.run(
+            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=_summaries(set(streams)), timeout=180)
+        )
+        assert worker.terminate() == 0
+    assert out.on(topo.dead_letter_topic) == []
+    results = gather(out.on(topo.result_topic))
+    assert set(results) == set(streams)
+    for key, (u, size) in streams.items():
+        assert_stream_matches(results[key], expected(u, size), key)
+        assert results[key].duplicates == 0
+
+
+def _fault_run(  # type: ignore[no-untyped-def]
+    topo,
+    kafka_bootstrap: str,
+    env: dict[str, str],
+    tmp_path: Path,
+    streams: dict[str, tuple[int, int]],
+    fault,
+    rate: float = 600.0,
+) -> dict:
+    """Produce the streams at a steady rate, apply ``fault(worker)`` mid-stream, collect everything."""
+    worker = PipelineProcess(topo, env, tmp_path / "worker.log").start()
+    producer = threading.Thread(target=_run_streams, args=(topo, kafka_bootstrap, streams, rate))
+    producer.start()
+    deadline = time.monotonic() + 60
+    while worker.metric("pipeline_results_total") < 400 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.metric("pipeline_results_total") >= 400, worker.log()
+    worker = fault(worker) or worker
+    producer.join(timeout=120)
+    try:
+        out = asyncio.run(
+            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=_summaries(set(streams)), timeout=180)
+        )
+    finally:
+        worker.terminate()
+    assert out.on(topo.dead_letter_topic) == []
+    return gather(out.on(topo.result_topic))
+
+
+def _check_faulted(results: dict, streams: dict[str, tuple[int, int]], record_property, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert set(results) == set(streams)
+    duplicates = 0
+    for key, (u, size) in streams.items():
+        assert_stream_matches(results[key], expected(u, size), key)
+        duplicates += results[key].duplicates
+    record_property(f"duplicates_after_{name}", duplicates)
+    print(f"\n{name}: {duplicates} exact duplicate results, no other difference")
+
+
+def test_worker_kill_9_mid_stream_changes_no_output(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
+    topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+    streams = {f"kill-{i:02d}": (i % 3, CHUNK) for i in range(12)}
+
+    def crash(worker: PipelineProcess) -> PipelineProcess:
+        worker.kill()  # no drain, no commit, no hand-back
+        return PipelineProcess(topo, cli_env, tmp_path / "restarted.log").start()
+
+    results = _fault_run(topo, kafka_bootstrap, cli_env, tmp_path, streams, crash)
+    _check_faulted(results, streams, record_property, "kill_9")
+
+
+def test_triton_restart_mid_stream_changes_no_output(
+    kafka_bootstrap: str,
+    cli_env: dict[str, str],
+    s3_settings: S3Settings,
+    tmp_path: Path,
+    record_property: pytest.RecordProperty,
+) -> None:
+    stack = EmbeddedStack(services=("triton",), s3=s3_settings, log_dir=tmp_path / "triton")
+    stack.start()
+    try:
+        env = dict(cli_env, PIPELINE_TRITON_GRPC_URL=str(stack.endpoints.triton.grpc_url))
+        topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+        streams = {f"restart-{i:02d}": (i % 3, CHUNK) for i in range(12)}
+
+        def restart_triton(_worker: PipelineProcess) -> None:
+            triton = stack.processes[0]
+            triton.stop()  # every sequence's state in Triton is gone
+            time.sleep(2)
+            triton.start()
+
+        results = _fault_run(topo, kafka_bootstrap, env, tmp_path, streams, restart_triton)
+    finally:
+        stack.stop()
+    _check_faulted(results, streams, record_property, "triton_restart")
+
+
+def test_second_worker_joining_mid_stream_moves_streams_without_loss_or_reordering(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
+    topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+    streams = {f"move-{i:02d}": (i % 3, CHUNK) for i in range(16)}
+    second: list[PipelineProcess] = []
+
+    def scale_out(_worker: PipelineProcess) -> None:
+        second.append(PipelineProcess(topo, cli_env, tmp_path / "second.log").start())
+
+    try:
+        # Slow enough that streams are still running when the second worker has joined.
+        results = _fault_run(topo, kafka_bootstrap, cli_env, tmp_path, streams, scale_out, rate=60.0)
+        moved = second[0].metric("pipeline_results_total")
+    finally:
+        for worker in second:
+            worker.terminate()
+    assert moved > 0, "no stream moved to the second worker"
+    _check_faulted(results, streams, record_property, "rebalance")
