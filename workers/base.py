@@ -43,6 +43,8 @@ class StageIO:
     dead_letter_topic: str
     max_pending: int = 4096
     drain_timeout_s: float = 20.0
+    emit_requests: bool = False
+    """True when the output feeds another stage: outputs are encoded as its requests."""
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -34,7 +34,7 @@ import numpy as np
 
 from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.records import result_headers
-from pipeline.contract.request import InferenceRequest, decode_request
+from pipeline.contract.request import InferenceRequest, decode_request, encode_request
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import OutRecord, Outputs
@@ -104,8 +104,9 @@ class BatchBackend(Protocol):
 
     async def close(self) -> None: ...
 
-    def check(self, request: InferenceRequest) -> None:
-        """Raise :class:`BadRequest` for a request this backend cannot serve."""
+    def check(self, request: InferenceRequest) -> object:
+        """Raise :class:`BadRequest` for a request this backend cannot serve; else return
+        whatever the backend prepared from it (passed back to :meth:`run`)."""
 
     def rows(self, request: InferenceRequest) -> int:
         """Rows the request adds to a batch."""
@@ -113,7 +114,7 @@ class BatchBackend(Protocol):
     def batch_key(self, request: InferenceRequest) -> Hashable:
         """Requests share a batch only when their keys are equal."""
 
-    async def run(self, requests: Sequence[InferenceRequest]) -> BatchOutput:
+    async def run(self, requests: Sequence[InferenceRequest], prepared: Sequence[object]) -> BatchOutput:
         """Serve all ``requests`` in one call; raise on failure (classified by :meth:`classify`)."""
 
     async def classify(self, exc: BaseException) -> Failure:
@@ -127,6 +128,7 @@ class _Pending:
     record: Record
     slot: Slot[Outputs]
     request: InferenceRequest
+    prepared: object
     rows: int
     enqueued: float
 
@@ -162,6 +164,9 @@ class BatchingStage(StreamStage):
                 f"stage {self.io.stage}: max_batch_size {max_rows} exceeds {self.backend.name}'s {limit}",
             )
         self._batcher = DynamicBatcher(max_rows, self.settings.max_queue_delay_s)
+        device = getattr(self.backend, "device", None)
+        if device:
+            self.metrics.device.labels(self.io.stage, device).set(1)
         if self._warmup:
             await self.backend.warmup()
         log.info(
@@ -185,7 +190,7 @@ class BatchingStage(StreamStage):
             request = decode_request(
                 record.value, list(record.headers or ()), max_value_bytes=self.settings.max_request_bytes
             )
-            self.backend.check(request)
+            prepared = self.backend.check(request)
         except BadRequest as bad:
             self.dead_letter(record, slot, bad.error_class, bad.reason)
             return
@@ -194,7 +199,7 @@ class BatchingStage(StreamStage):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        pending = _Pending(record, slot, request, rows, time.monotonic())
+        pending = _Pending(record, slot, request, prepared, rows, time.monotonic())
         for batch in self._batcher.add(self.backend.batch_key(request), pending, rows):
             self._dispatch(batch)
 
@@ -292,13 +297,18 @@ class BatchingStage(StreamStage):
             self.metrics.queue_delay.labels(self.io.stage).observe(now - item.enqueued)
         self.metrics.batch_size.labels(self.io.stage).observe(sum(item.rows for item in items))
         started = time.perf_counter()
-        output = await self.backend.run([item.request for item in items])
+        output = await self.backend.run([item.request for item in items], [item.prepared for item in items])
         self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
         return output
 
     def _succeed(self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str) -> None:
         try:
-            value, content_type = encode_response(item.request, outputs, model_name=model, model_version=version)
+            if self.io.emit_requests:
+                value, content_type = self._next_request(item.request, outputs)
+            else:
+                value, content_type = encode_response(
+                    item.request, outputs, model_name=model, model_version=version, parameters=item.request.parameters
+                )
         except BadRequest as bad:
             self._fail(item, bad.error_class, bad.reason)
             return
@@ -320,6 +330,20 @@ class BatchingStage(StreamStage):
                 request_timestamp_ms=item.record.timestamp,
             ),
         )
+
+    @staticmethod
+    def _next_request(request: InferenceRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, str]:
+        """The next stage's request: these outputs as its inputs, the request's identity kept."""
+        record = encode_request(
+            outputs,
+            correlation_id=request.correlation_id,
+            form=request.form,
+            parameters=request.parameters,
+            sequence_id=request.sequence_id,
+            sequence_start=request.sequence_start,
+            sequence_end=request.sequence_end,
+        )
+        return record.value, request.form.request_content_type
 
     def _fail(self, item: _Pending, error_class: ErrorClass, reason: str) -> None:
         self.dead_letter(item.record, item.slot, error_class, reason)

@@ -71,6 +71,7 @@ class TritonModelBackend:
 
     # ------------------------------------------------------------------ requests
     def check(self, request: InferenceRequest) -> None:
+        """Model, version, tensor names, datatypes and shapes against the model's metadata."""
         assert self.description is not None
         if request.model_name and request.model_name != self.model:
             raise BadRequest(
@@ -107,7 +108,7 @@ class TritonModelBackend:
             identity,
         )
 
-    async def run(self, requests: Sequence[InferenceRequest]) -> BatchOutput:
+    async def run(self, requests: Sequence[InferenceRequest], prepared: Sequence[object] = ()) -> BatchOutput:
         assert self._client is not None and self.description is not None
         first = requests[0]
         inputs = []

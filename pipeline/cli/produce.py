@@ -86,6 +86,25 @@ def produce(
     random: Annotated[
         bool, typer.Option("--random", help="Random tensors shaped by the model's Triton metadata.")
     ] = False,
+    audio_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--audio",
+            help="Stream a WAV file as chunks of one sequence (key = --key), for audio topologies.",
+            show_default=False,
+        ),
+    ] = None,
+    chunk_ms: Annotated[
+        float,
+        typer.Option("--chunk-ms", min=1.0, help="--audio: chunk length (rounded so resampling is exact)."),
+    ] = 32.0,
+    speed: Annotated[
+        float,
+        typer.Option("--speed", min=0.0, help="--audio: 1 = real time, 10 = ten times faster, 0 = no pacing."),
+    ] = 1.0,
+    chunk_wav: Annotated[
+        bool, typer.Option("--chunk-wav", help="--audio: send each chunk as a WAV file instead of raw PCM.")
+    ] = False,
     input_name: Annotated[
         str | None,
         typer.Option(
@@ -168,13 +187,17 @@ def produce(
         "--npy": npy_file,
         "--wav": wav_file,
         "--random": random or None,
+        "--audio": audio_file,
     }
     chosen = [flag for flag, value in sources.items() if value is not None]
     if len(chosen) != 1:
         raise ConfigError(
-            "choose exactly one source: --json FILE, --npy FILE, --wav FILE or --random"
+            "choose exactly one source: --json FILE, --npy FILE, --wav FILE, --audio FILE or --random"
             + (f" (got {', '.join(chosen)})" if chosen else "")
         )
+    if audio_file is not None:
+        _produce_audio(topology, topic, audio_file, chunk_ms, speed, chunk_wav, key, wire_format)
+        return
     if keep_ids and json_file is None:
         raise ConfigError("--keep-ids applies to --json files only")
     target = Target.load(topology, model=model)
@@ -199,6 +222,49 @@ def produce(
     announce = f"producing {total} {form.value} request(s){shape} to {destination}{pace}"
     records = (builder.build(t) for t in repeat(templates, total))
     stats = asyncio.run(_send(records, destination, kafka, total, rate, deadline_ms, announce))
+    for line in produce_summary_lines(stats):
+        print(line)
+    sys.stdout.flush()
+    if stats.interrupted:
+        raise SystemExit(130)
+    if stats.failed:
+        raise PipelineError(f"{stats.failed} of {stats.sent} record(s) failed: {stats.first_error}")
+
+
+def _produce_audio(
+    topology: Path | None,
+    topic: str | None,
+    path: Path,
+    chunk_ms: float,
+    speed: float,
+    as_wav: bool,
+    key: str | None,
+    wire_format: WireFormat | None,
+) -> None:
+    """One stream: the file's chunks in order, paced at ``speed`` x real time."""
+    import secrets
+
+    from pipeline.client.render import produce_summary_lines
+    from pipeline.client.sources import RecordBuilder, RecordOptions, audio_stream_requests
+    from pipeline.client.target import Target
+    from pipeline.contract.request import WireForm
+
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    stream = key or f"{path.stem}-{secrets.token_hex(3)}"
+    templates, plan = audio_stream_requests(path, chunk_ms=chunk_ms, stream=stream, as_wav=as_wav)
+    target = Target.load(topology, model=None)
+    destination = target.input_topic(topic)
+    form = WireForm(wire_format.value) if wire_format is not None else WireForm.PROTOBUF
+    builder = RecordBuilder(RecordOptions(form=form, id_prefix=f"{stream}/", key=stream))
+    rate = speed * 1000 / plan.chunk_ms if speed > 0 else 0.0
+    pace = "as fast as possible" if speed == 0 else f"at {speed:g}x real time"
+    announce = (
+        f"streaming {path.name} as {stream!r}: {plan.chunks} chunks of {plan.chunk_ms:.1f} ms "
+        f"({plan.chunk_samples} samples at {plan.sample_rate} Hz) to {destination}, {pace}"
+    )
+    records = [builder.build(t) for t in templates]
+    stats = asyncio.run(_send(records, destination, target.kafka(), len(records), rate, None, announce))
     for line in produce_summary_lines(stats):
         print(line)
     sys.stdout.flush()

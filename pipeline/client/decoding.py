@@ -75,6 +75,13 @@ class Consumed:
     dead_letter: DeadLetter | None = None
     problem: str | None = None  # why an undecodable record was refused
     sent_at_ms: int | None = None
+    result_type: str | None = None  # sequence stages: chunk, segment or summary
+    part: str = ""  # what distinguishes several results of one request (a segment's index)
+
+    @property
+    def identity(self) -> tuple[str | None, str | None, str]:
+        """What a re-delivery repeats: one request may have several distinct results."""
+        return (self.correlation_id, self.result_type, self.part)
 
     @property
     def latency_ms(self) -> int | None:
@@ -96,6 +103,7 @@ def classify(record: KafkaRecord) -> Consumed:
         kind=Kind.UNDECODABLE,
         correlation_id=_lenient_header(headers, h.CORRELATION_ID) or None,
         sent_at_ms=_int_or_none(_lenient_header(headers, SENT_AT_MS)),
+        result_type=_lenient_header(headers, "result-type"),
     )
     dead = read_dead_letter(headers)
     if dead.error_class:
@@ -113,6 +121,7 @@ def classify(record: KafkaRecord) -> Consumed:
                     model_version=response.model_version,
                     tensors=response.outputs,
                     datatypes=response.datatypes,
+                    part=str(response.parameters.get("segment_index", "")),
                 )
             request = decode_request(record.value, headers)
             return replace(

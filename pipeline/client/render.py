@@ -28,7 +28,8 @@ DEFAULT_VALUES = 8
 
 def record_line(record: Consumed, *, values: int = DEFAULT_VALUES) -> str:
     """``result  dense.results[2]@15  id=...  dense_classifier v1  logits FP32 [1, 4] [0.12, ...]  9 ms``."""
-    parts = [f"{record.kind.value:<11}", f"{record.topic}[{record.partition}]@{record.offset}"]
+    kind = record.result_type if record.kind is Kind.RESULT and record.result_type else record.kind.value
+    parts = [f"{kind:<11}", f"{record.topic}[{record.partition}]@{record.offset}"]
     parts.append(f"id={record.correlation_id or '-'}")
     key = _text(record.key)
     if key is not None and key != record.correlation_id:

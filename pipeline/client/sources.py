@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -365,3 +366,77 @@ __all__ = [
     "repeat",
     "wav_request",
 ]
+
+
+# --------------------------------------------------------------------------- audio streams
+
+
+@dataclass(frozen=True)
+class AudioStreamPlan:
+    """How a WAV file is cut into a stream of chunks."""
+
+    chunk_samples: int
+    sample_rate: int
+    chunks: int
+
+    @property
+    def chunk_ms(self) -> float:
+        return 1000 * self.chunk_samples / self.sample_rate
+
+
+def chunk_samples_for(sample_rate: int, chunk_ms: float, target_rate: int = 16_000) -> int:
+    """Samples per chunk near ``chunk_ms``, resampling to a whole number of ``target_rate`` samples.
+
+    The preprocessing stage resamples each chunk on its own; a chunk whose output
+    length is fractional would be rounded, and a long stream would drift. So the
+    chunk length is a multiple of ``rate / gcd(rate, target_rate)`` (441 samples =
+    20 ms at 22.05 kHz; 1 at 16 kHz, where any length is exact).
+    """
+    step = sample_rate // math.gcd(sample_rate, target_rate)
+    wanted = sample_rate * chunk_ms / 1000
+    return max(step, round(wanted / step) * step)
+
+
+def audio_stream_requests(
+    path: str | Path,
+    *,
+    chunk_ms: float,
+    stream: str,
+    as_wav: bool = False,
+    target_rate: int = 16_000,
+) -> tuple[list[RequestTemplate], AudioStreamPlan]:
+    """A WAV file as one stream: a request per chunk with Triton's sequence parameters.
+
+    Each chunk is raw PCM at the file's own rate (INT16 for 16-bit files, else FP32),
+    ``[frames, channels]``, with a ``sample_rate`` parameter; or, with ``as_wav``, a
+    small WAV file in a BYTES tensor. The pipeline decodes, downmixes and resamples.
+    """
+    from pipeline.audio.wav import canonical_wav
+
+    audio = read_wav(Path(path))
+    size = chunk_samples_for(audio.sample_rate, chunk_ms, target_rate)
+    count = max(1, -(-audio.frames // size))
+    templates = []
+    for index in range(count):
+        piece = audio.samples[index * size : (index + 1) * size]
+        if audio.source_format == "PCM16":
+            pcm = np.clip(np.round(piece * 32768.0), -32768, 32767).astype("<i2")
+        else:
+            pcm = np.ascontiguousarray(piece, dtype=np.float32)
+        parameters: dict[str, ParamValue] = {
+            "chunk_index": index,
+            SEQUENCE_ID: stream,
+            SEQUENCE_START: index == 0,
+            SEQUENCE_END: index == count - 1,
+        }
+        if as_wav:
+            pcm_format, bits = (1, 16) if pcm.dtype == np.int16 else (3, 32)  # WAVE_FORMAT_PCM / IEEE_FLOAT
+            wav = canonical_wav(pcm_format, pcm.shape[1], audio.sample_rate, bits, pcm.tobytes())
+            inputs = {"audio": np.array([wav], dtype=object)}
+            datatypes = {"audio": "BYTES"}
+        else:
+            inputs = {"audio": pcm}
+            datatypes = {"audio": "INT16" if pcm.dtype == np.int16 else "FP32"}
+            parameters["sample_rate"] = audio.sample_rate
+        templates.append(RequestTemplate(inputs=inputs, datatypes=datatypes, parameters=parameters))
+    return templates, AudioStreamPlan(size, audio.sample_rate, count)

@@ -55,6 +55,7 @@ class ConsumeSummary:
     out_of_order: int = 0
     latencies_ms: list[int] = field(default_factory=list)
     _ids: set[str] = field(default_factory=set)
+    _identities: set[tuple[str | None, str | None, str]] = field(default_factory=set)
     _last_sent: dict[tuple[str, int, bytes | None], int] = field(default_factory=dict)
 
     def add(self, record: Consumed) -> None:
@@ -63,10 +64,11 @@ class ConsumeSummary:
         if record.dead_letter is not None:
             self.dead_letter_classes[record.dead_letter.error_class] += 1
         if record.correlation_id is not None:
-            if record.correlation_id in self._ids:
+            self._ids.add(record.correlation_id)
+            if record.identity in self._identities:
                 self.duplicates += 1
             else:
-                self._ids.add(record.correlation_id)
+                self._identities.add(record.identity)
         if record.latency_ms is not None:
             self.latencies_ms.append(record.latency_ms)
         if record.sent_at_ms is not None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import ConfigError
 from pipeline.kafka.clients import ensure_topics, make_producer
@@ -21,9 +21,11 @@ from pipeline.observability.snapshot import publish_snapshots
 from pipeline.runtime.health import HealthServer
 from pipeline.settings import Endpoints
 from pipeline.topology.model import StatelessStage as StatelessStageConfig
+from pipeline.topology.model import DaliStage as DaliStageConfig
 from pipeline.topology.model import SequenceStage as SequenceStageConfig
 from pipeline.topology.model import Topology
 from workers.base import StageIO, StreamStage
+from workers.dali import DaliAudioBackend
 from workers.sequence import SequenceStage
 from workers.stateless import BatchingSettings, BatchingStage, RetryPolicy
 from workers.triton_backend import TritonModelBackend
@@ -53,15 +55,20 @@ def build_stages(
     for config, (input_topic, output_topic) in zip(topology.stages, topology.stage_topics(), strict=True):
         if only is not None and config.name != only:
             continue
+        io = StageIO(
+            stage=config.name,
+            group_id=topology.group_id(config.name),
+            input_topic=input_topic,
+            output_topic=output_topic,
+            dead_letter_topic=topology.dead_letter_topic,
+            max_pending=(
+                config.max_pending_requests
+                if isinstance(config, SequenceStageConfig)
+                else config.batching.max_pending_requests
+            ),
+            emit_requests=output_topic != topology.result_topic,
+        )
         if isinstance(config, StatelessStageConfig):
-            io = StageIO(
-                stage=config.name,
-                group_id=topology.group_id(config.name),
-                input_topic=input_topic,
-                output_topic=output_topic,
-                dead_letter_topic=topology.dead_letter_topic,
-                max_pending=config.batching.max_pending_requests,
-            )
             stages.append(
                 BatchingStage(
                     io,
@@ -72,15 +79,24 @@ def build_stages(
                     warmup=config.warmup,
                 )
             )
-        elif isinstance(config, SequenceStageConfig):
-            io = StageIO(
-                stage=config.name,
-                group_id=topology.group_id(config.name),
-                input_topic=input_topic,
-                output_topic=output_topic,
-                dead_letter_topic=topology.dead_letter_topic,
-                max_pending=config.max_pending_requests,
+        elif isinstance(config, DaliStageConfig):
+            stages.append(
+                BatchingStage(
+                    io,
+                    DaliAudioBackend(
+                        input_tensor=config.input_tensor,
+                        output_tensor=config.output_tensor,
+                        target_rate=config.sample_rate,
+                        device=config.device,
+                        max_batch_size=config.batching.max_batch_size or 64,
+                        max_chunk_seconds=config.max_chunk_seconds,
+                    ),
+                    _batching_settings(config),
+                    kafka=endpoints.kafka,
+                    metrics=metrics,
+                )
             )
+        elif isinstance(config, SequenceStageConfig):
             stages.append(
                 SequenceStage(
                     io,
@@ -96,12 +112,18 @@ def build_stages(
     return stages
 
 
-def _batching_settings(config: StatelessStageConfig) -> BatchingSettings:
+def _batching_settings(config: StatelessStageConfig | DaliStageConfig) -> BatchingSettings:
     b = config.batching
-    return BatchingSettings(
+    settings = BatchingSettings(
         max_batch_size=b.max_batch_size,
         max_queue_delay_s=b.max_queue_delay_ms / 1000,
         max_inflight_batches=b.max_inflight_batches,
+        max_request_bytes=config.max_request_bytes,
+    )
+    if isinstance(config, DaliStageConfig):
+        return settings
+    return replace(
+        settings,
         default_deadline_ms=None if config.deadline_ms is None else int(config.deadline_ms),
         default_priority=config.priority,
         default_timeout_ms=None if config.timeout_ms is None else int(config.timeout_ms),
@@ -110,7 +132,6 @@ def _batching_settings(config: StatelessStageConfig) -> BatchingSettings:
             initial_backoff_s=config.retry.initial_backoff_ms / 1000,
             max_backoff_s=config.retry.max_backoff_ms / 1000,
         ),
-        max_request_bytes=config.max_request_bytes,
     )
 
 

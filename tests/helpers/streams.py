@@ -37,6 +37,16 @@ SEQUENCE_STAGE = {
 }
 
 
+DALI_STAGE = {
+    "name": "preprocess",
+    "kind": "dali",
+    "device": "cpu",
+    "batching": {"max_batch_size": 64, "max_queue_delay_ms": 2.0},
+}
+AUDIO_STAGES = [DALI_STAGE, SEQUENCE_STAGE]
+"""topologies/audio.yaml's stages: DALI preprocessing, then the sequence stage."""
+
+
 @lru_cache(maxsize=None)
 def utterance(index: int, pad_s: float = 1.0) -> np.ndarray:
     """16 kHz float32 speech with ``pad_s`` of silence around it (cached per process)."""
@@ -44,13 +54,14 @@ def utterance(index: int, pad_s: float = 1.0) -> np.ndarray:
 
 
 def stream_records(key: str, audio: np.ndarray, chunk_samples: int = CHUNK) -> list[Record]:
-    """One request record per chunk: ``audio`` tensor, ``chunk_index``, Triton's sequence flags."""
+    """One request record per chunk: FP32 ``audio`` at 16 kHz (``sample_rate`` given, so a DALI
+    stage passes it through), ``chunk_index``, Triton's sequence flags."""
     pieces = [audio[i : i + chunk_samples] for i in range(0, len(audio), chunk_samples)]
     return [
         encode_request(
             {"audio": piece[None, :]},
             correlation_id=f"{key}/{i}",
-            parameters={"chunk_index": i},
+            parameters={"chunk_index": i, "sample_rate": SAMPLE_RATE},
             sequence_id=key,
             sequence_start=i == 0,
             sequence_end=i == len(pieces) - 1,

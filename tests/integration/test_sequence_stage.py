@@ -18,6 +18,7 @@ from pipeline.embedded.stack import EmbeddedStack
 from pipeline.settings import S3Settings
 from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.streams import (
+    AUDIO_STAGES,
     SEQUENCE_STAGE,
     assert_stream_matches,
     expected,
@@ -32,6 +33,10 @@ from tests.helpers.vad_reference import CHUNK, CHUNK_SECONDS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
+# The same guarantees for the sequence stage alone and for topologies/audio.yaml's
+# stages (DALI preprocessing in front, both in one worker process).
+TOPOLOGIES = pytest.mark.parametrize("stages", [[SEQUENCE_STAGE], AUDIO_STAGES], ids=["sequence", "dali+sequence"])
+
 
 def _summaries(keys: set[str]) -> callable:  # type: ignore[valid-type]
     def done(records: list) -> bool:  # type: ignore[type-arg]
@@ -45,10 +50,12 @@ def _run_streams(topo, bootstrap: str, streams: dict[str, tuple[int, int]], rate
     asyncio.run(produce(bootstrap, topo.input_topic, records, rate=rate))
 
 
+@TOPOLOGIES
 def test_streaming_equals_offline_and_segments_match_speech_timing(
+    stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    topo = write_topology(tmp_path, partitions=2, stages=[SEQUENCE_STAGE])
+    topo = write_topology(tmp_path, partitions=2, stages=stages)
     streams = {"u0-512": (0, CHUNK), "u1-700": (1, 700), "u2-4000": (2, 4000)}
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         _run_streams(topo, kafka_bootstrap, streams)
@@ -71,10 +78,12 @@ def test_streaming_equals_offline_and_segments_match_speech_timing(
         assert abs(last_end - offset) <= 3 * CHUNK_SECONDS, f"{key}: speech ends {offset:.3f}s, found {last_end:.3f}s"
 
 
+@TOPOLOGIES
 def test_fifty_concurrent_streams_on_four_partitions_complete_and_in_order(
+    stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+    topo = write_topology(tmp_path, partitions=4, stages=stages)
     streams = {f"stream-{i:02d}": (i % 3, CHUNK) for i in range(50)}
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         _run_streams(topo, kafka_bootstrap, streams)
@@ -129,10 +138,12 @@ def _check_faulted(results: dict, streams: dict[str, tuple[int, int]], record_pr
     print(f"\n{name}: {duplicates} exact duplicate results, no other difference")
 
 
+@TOPOLOGIES
 def test_worker_kill_9_mid_stream_changes_no_output(
+    stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+    topo = write_topology(tmp_path, partitions=4, stages=stages)
     streams = {f"kill-{i:02d}": (i % 3, CHUNK) for i in range(12)}
 
     def crash(worker: PipelineProcess) -> PipelineProcess:
@@ -143,7 +154,9 @@ def test_worker_kill_9_mid_stream_changes_no_output(
     _check_faulted(results, streams, record_property, "kill_9")
 
 
+@TOPOLOGIES
 def test_triton_restart_mid_stream_changes_no_output(
+    stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str,
     cli_env: dict[str, str],
     s3_settings: S3Settings,
@@ -154,7 +167,7 @@ def test_triton_restart_mid_stream_changes_no_output(
     stack.start()
     try:
         env = dict(cli_env, PIPELINE_TRITON_GRPC_URL=str(stack.endpoints.triton.grpc_url))
-        topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+        topo = write_topology(tmp_path, partitions=4, stages=stages)
         streams = {f"restart-{i:02d}": (i % 3, CHUNK) for i in range(12)}
 
         def restart_triton(_worker: PipelineProcess) -> None:
@@ -169,10 +182,12 @@ def test_triton_restart_mid_stream_changes_no_output(
     _check_faulted(results, streams, record_property, "triton_restart")
 
 
+@TOPOLOGIES
 def test_second_worker_joining_mid_stream_moves_streams_without_loss_or_reordering(
+    stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    topo = write_topology(tmp_path, partitions=4, stages=[SEQUENCE_STAGE])
+    topo = write_topology(tmp_path, partitions=4, stages=stages)
     streams = {f"move-{i:02d}": (i % 3, CHUNK) for i in range(16)}
     second: list[PipelineProcess] = []
 
