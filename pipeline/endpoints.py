@@ -40,6 +40,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def write_stack_state(environment: dict[str, str], log_dir: Path) -> None:
+    """Announce a running embedded stack (this process) to other `pipeline` commands."""
+    state_dir().mkdir(parents=True, exist_ok=True)
+    path = state_file()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "environment": environment, "log_dir": str(log_dir)}))
+    tmp.chmod(0o600)  # holds the (throwaway) S3 keys
+    tmp.replace(path)
+
+
+def clear_stack_state() -> None:
+    state_file().unlink(missing_ok=True)
+
+
 def read_stack_state() -> dict[str, object] | None:
     """The running embedded stack's state, or None when none is running."""
     path = state_file()

@@ -10,7 +10,7 @@ import typer
 
 from pipeline.cli.app import app, console
 from pipeline.embedded.stack import EmbeddedStack
-from pipeline.endpoints import read_stack_state, resolve_endpoints
+from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
 from pipeline.errors import ConfigError
 from pipeline.runtime.runner import RunningProcess, run_topology
 from pipeline.settings import Endpoints
@@ -41,7 +41,8 @@ def endpoints_for(topology: Topology) -> tuple[Endpoints, EmbeddedStack | None]:
     stack = EmbeddedStack()
     with console.status("no endpoints configured: starting the embedded stack") as status:
         stack.start(progress=lambda msg: status.update(msg))
-    console.print(f"embedded stack up (logs in {stack.log_dir})")
+    write_stack_state(stack.endpoints.environment(), stack.log_dir)  # `produce`/`consume` find it
+    console.print(f"embedded stack up (logs in {stack.log_dir}); other `pipeline` commands use it")
     return stack.endpoints, stack
 
 
@@ -82,4 +83,5 @@ def run(
     finally:
         if stack is not None:
             stack.stop()
+            clear_stack_state()
     console.print("stopped cleanly")

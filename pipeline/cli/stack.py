@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -13,7 +12,7 @@ from rich.table import Table
 
 from pipeline.cli.app import app, console
 from pipeline.embedded.stack import EmbeddedStack
-from pipeline.endpoints import read_stack_state, state_dir, state_file
+from pipeline.endpoints import clear_stack_state, read_stack_state, state_file, write_stack_state
 from pipeline.errors import ConfigError, PipelineError
 
 
@@ -53,7 +52,7 @@ def up(
         with console.status("starting embedded stack") as status:
             endpoints = stack.start(progress=lambda msg: status.update(msg))
         env = endpoints.environment()
-        _write_state(env, stack.log_dir)
+        write_stack_state(env, stack.log_dir)
         _print_endpoints(env, stack, time.monotonic() - started)
         while True:
             dead = stack.dead()
@@ -65,7 +64,7 @@ def up(
         console.print(f"{stop}: stopping")
     finally:
         stack.stop()
-        state_file().unlink(missing_ok=True)
+        clear_stack_state()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     console.print("embedded stack stopped")
@@ -88,15 +87,6 @@ def down(
             return
         time.sleep(0.2)
     raise PipelineError(f"embedded stack (pid {pid}) did not stop within {timeout:.0f}s")
-
-
-def _write_state(env: dict[str, str], log_dir: Path) -> None:
-    state_dir().mkdir(parents=True, exist_ok=True)
-    path = state_file()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "environment": env, "log_dir": str(log_dir)}))
-    tmp.chmod(0o600)  # holds the (throwaway) S3 keys
-    tmp.replace(path)
 
 
 def _print_endpoints(env: dict[str, str], stack: EmbeddedStack, elapsed: float) -> None:

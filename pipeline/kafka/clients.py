@@ -52,6 +52,9 @@ def make_consumer(
         "heartbeat_interval_ms": 1_000,
         "max_poll_interval_ms": 300_000,
         "isolation_level": "read_committed",
+        # How long the broker may hold an empty fetch. Apache Kafka answers as soon as data
+        # arrives anyway; Tansu holds the full time, so a long wait is per-hop latency.
+        "fetch_max_wait_ms": int(os.environ.get("PIPELINE_KAFKA_FETCH_MAX_WAIT_MS", "25")),
     }
     kwargs.update(overrides)
     return AIOKafkaConsumer(*topics, **kwargs)

@@ -168,22 +168,34 @@ async def run_topology(
     snapshot_producer = make_producer(endpoints.kafka)
     await snapshot_producer.start()
     try:
-        for stage in state.stages or []:
-            await stage.start()  # model checked ready (and warmed up) before consuming
+        # Each stage checks its model is ready (and warms it up) before it consumes.
+        await asyncio.gather(*(stage.start() for stage in state.stages or []))
         if on_ready is not None:
             on_ready(state)
         log.info("topology %s running (health on :%s)", topology.name, state.health_port)
-        await asyncio.gather(
-            *(stage.run(stop) for stage in state.stages or []),
-            publish_snapshots(
-                snapshot_producer,
-                topology.metrics_topic,
-                metrics,
-                topology=topology.name,
-                interval_s=topology.metrics_interval_s,
-                stop=stop,
-            ),
+        tasks = [asyncio.create_task(stage.run(stop), name=stage.io.stage) for stage in state.stages or []]
+        tasks.append(
+            asyncio.create_task(
+                publish_snapshots(
+                    snapshot_producer,
+                    topology.metrics_topic,
+                    metrics,
+                    topology=topology.name,
+                    interval_s=topology.metrics_interval_s,
+                    stop=stop,
+                ),
+                name="metrics-snapshots",
+            )
         )
+        # One stage failing stops the process (all stages drain and commit first):
+        # a supervisor restarts it, rather than it running on half-alive.
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        stop.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("%s failed: %r", task.get_name(), result)
+                raise result
     finally:
         stop.set()
         await snapshot_producer.stop()
