@@ -1,4 +1,13 @@
-"""Write ``sample_models/dense_classifier/1/model.onnx``: a tiny, deterministic 2-layer MLP.
+"""Write the stateless sample models' ONNX graphs (and their shared Python-backend runner).
+
+- ``dense_classifier``: a tiny, deterministic 2-layer MLP.
+- ``feature_norm``: standardises 16 raw features (``raw`` -> ``features``).
+- ``anomaly_score``: the L2 norm of the features (``features`` -> ``score``).
+
+The last two exist for the ensemble example (``topologies/ensemble.yaml``): one
+preprocessing step feeding two models in parallel. Every stateless model runs
+the same ``model.py`` (ONNX through onnxruntime, tensor names from the model's
+config), written from ``RUNNER`` below into each model's version folder.
 
 Why a generated graph instead of a downloaded one: it is small enough to commit,
 reproducible byte for byte (numpy seed 0), and its weights live only in the ONNX
@@ -65,14 +74,114 @@ def build_dense_classifier(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="streaming-inference-pipeline/scripts/make_sample_models.py",
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def build_feature_norm(seed: int = 1) -> onnx.ModelProto:
+    """``features = (raw - mean) / std`` with fixed per-feature statistics."""
+    rng = np.random.default_rng(seed)
+    mean = rng.standard_normal(IN_FEATURES).astype(np.float32)
+    std = rng.uniform(0.5, 2.0, IN_FEATURES).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sub", ["raw", "mean"], ["centred"], name="centre"),
+            helper.make_node("Div", ["centred", "std"], ["features"], name="scale"),
+        ],
+        "feature_norm",
+        inputs=[helper.make_tensor_value_info("raw", TensorProto.FLOAT, ["batch", IN_FEATURES])],
+        outputs=[helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", IN_FEATURES])],
+        initializer=[numpy_helper.from_array(mean, "mean"), numpy_helper.from_array(std, "std")],
+    )
+    return _finish(graph)
+
+
+def build_anomaly_score() -> onnx.ModelProto:
+    """``score`` = the L2 norm of ``features`` per row ([batch, 1])."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceL2", ["features"], ["score"], axes=[1], keepdims=1, name="norm")],
+        "anomaly_score",
+        inputs=[helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", IN_FEATURES])],
+        outputs=[helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])],
+    )
+    return _finish(graph)
+
+
+RUNNER = '''"""Triton Python-backend model: one ONNX graph run through onnxruntime (generated file).
+
+Written by scripts/make_sample_models.py into every stateless sample model. The
+embedded Triton build has no onnxruntime backend, so the graph runs inside this
+Python model. Triton's dynamic batcher hands ``execute`` several requests at once;
+they are concatenated into one onnxruntime call and split back per request. Tensor
+names come from the model's config.pbtxt (one input, one output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Stateless batch-in, batch-out ONNX model."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        self._input = config["input"][0]["name"]
+        self._output = config["output"][0]["name"]
+        # The repository may be a temporary copy (e.g. downloaded from S3): find the graph
+        # relative to where Triton says this version lives.
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        opts = ort.SessionOptions()
+        # One thread per instance: Triton scales with instance_group, not intra-op threads.
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        arrays = [pb_utils.get_input_tensor_by_name(r, self._input).as_numpy() for r in requests]
+        sizes = [a.shape[0] for a in arrays]
+        batch = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
+        (result,) = self._session.run([self._output], {self._input: batch})
+        responses = []
+        for part in np.split(result, np.cumsum(sizes)[:-1], axis=0):
+            out = pb_utils.Tensor(self._output, np.ascontiguousarray(part, dtype=np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+
+    def finalize(self) -> None:
+        self._session = None
+'''
+
+MODELS = {
+    "dense_classifier": build_dense_classifier,
+    "feature_norm": build_feature_norm,
+    "anomaly_score": build_anomaly_score,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "sample_models")
     args = parser.parse_args()
-    target = args.out / "dense_classifier" / "1" / "model.onnx"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(build_dense_classifier(), str(target))
-    print(f"wrote {target} ({target.stat().st_size} bytes)")
+    for name, build in MODELS.items():
+        folder = args.out / name / "1"
+        folder.mkdir(parents=True, exist_ok=True)
+        onnx.save(build(), str(folder / "model.onnx"))
+        (folder / "model.py").write_text(RUNNER)
+        print(f"wrote {folder}/model.onnx and model.py")
 
 
 if __name__ == "__main__":

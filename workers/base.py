@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from pipeline.contract.errors import ErrorClass, one_line
@@ -45,6 +46,12 @@ class StageIO:
     drain_timeout_s: float = 20.0
     emit_requests: bool = False
     """True when the output feeds another stage: outputs are encoded as its requests."""
+    more_input_topics: tuple[str, ...] = ()
+    """Joins read several co-partitioned topics; partition p of each goes to one worker."""
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [self.input_topic, *self.more_input_topics]
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -159,9 +166,13 @@ class StreamStage(abc.ABC):
         await self.setup()
         self._producer = make_producer(self.kafka)
         await self._producer.start()
-        self._consumer = make_consumer(self.kafka, group_id=self.io.group_id)
+        extra: dict[str, object] = {}
+        if self.io.more_input_topics:
+            # Range gives a worker the same partition numbers of every topic (co-partitioning).
+            extra["partition_assignment_strategy"] = (RangePartitionAssignor,)
+        self._consumer = make_consumer(self.kafka, group_id=self.io.group_id, **extra)
         self._outbox = Outbox(self._producer, self._consumer, on_acknowledged=self._acknowledged)
-        self._consumer.subscribe([self.io.input_topic], listener=_Rebalance(self))
+        self._consumer.subscribe(self.io.input_topics, listener=_Rebalance(self))
         await self._consumer.start()
         self.ready = True
 

@@ -31,7 +31,6 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
@@ -45,6 +44,7 @@ from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.contract.response import encode_response
 from pipeline.contract.records import result_headers
 from pipeline.errors import ConfigError
+from pipeline.kafka.changelog import read_changelog
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import OutRecord, Outputs
 from pipeline.observability.metrics import PipelineMetrics
@@ -176,33 +176,12 @@ class SequenceStage(StreamStage):
     # ------------------------------------------------------------------ state restore
     async def restore(self, partitions: list[TopicPartition]) -> None:
         """Load the checkpoints of the streams in ``partitions`` (same partition numbers)."""
-        from pipeline.kafka.clients import make_consumer
-
-        wanted = [TopicPartition(self.state_topic, tp.partition) for tp in partitions]
-        if not wanted:
-            return
-        consumer = make_consumer(self.kafka, group_id=None, isolation_level="read_uncommitted")
-        await consumer.start()
-        try:
-            consumer.assign(wanted)
-            end = await consumer.end_offsets(wanted)
-            await consumer.seek_to_beginning(*wanted)
-            restored = 0
-            while await _behind(consumer, wanted, end):
-                batch = await consumer.getmany(*wanted, timeout_ms=500)
-                for records in batch.values():
-                    for record in records:
-                        key = record.key.decode() if record.key else ""
-                        if record.value is None:
-                            self._states.pop(key, None)
-                            continue
-                        self._states[key] = decode_checkpoint(record.value)
-                        restored += 1
-        finally:
-            await consumer.stop()
-        for key in list(self._streams):
-            self._streams[key].live_in_triton = False
-        log.info("%s: restored %d checkpoints for %s", self.io.stage, restored, [str(t) for t in partitions])
+        states = await read_changelog(self.kafka, self.state_topic, [tp.partition for tp in partitions])
+        for key, value in states.items():
+            self._states[key.decode()] = decode_checkpoint(value)
+        for stream in self._streams.values():
+            stream.live_in_triton = False
+        log.info("%s: restored %d stream states for %s", self.io.stage, len(states), [str(t) for t in partitions])
 
     async def forget(self, partitions: list[TopicPartition]) -> None:
         gone = {tp for tp in partitions}
@@ -552,13 +531,6 @@ class _ChunkFailed(Exception):
         super().__init__(reason)
         self.error_class = error_class
         self.reason = reason
-
-
-async def _behind(consumer: Any, partitions: list[TopicPartition], end: dict[TopicPartition, int]) -> bool:
-    for tp in partitions:
-        if await consumer.position(tp) < end[tp]:
-            return True
-    return False
 
 
 def sequence_id(key: str) -> int:

@@ -42,6 +42,7 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from workers.base import Record, StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
+from workers.routing import TensorRouting
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ class BatchBackend(Protocol):
 class _Pending:
     record: Record
     slot: Slot[Outputs]
-    request: InferenceRequest
+    request: InferenceRequest  # as the backend sees it (model tensor names)
+    message: InferenceRequest  # as it arrived (topology tensor names)
     prepared: object
     rows: int
     enqueued: float
@@ -145,9 +147,11 @@ class BatchingStage(StreamStage):
         kafka: KafkaSettings,
         metrics: PipelineMetrics,
         warmup: bool = False,
+        routing: TensorRouting | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.backend = backend
+        self.routing = routing or TensorRouting()
         self.settings = settings
         self._warmup = warmup
         self._batcher: DynamicBatcher[_Pending] | None = None
@@ -190,6 +194,8 @@ class BatchingStage(StreamStage):
             request = decode_request(
                 record.value, list(record.headers or ()), max_value_bytes=self.settings.max_request_bytes
             )
+            message = request
+            request = self.routing.to_model(message)
             prepared = self.backend.check(request)
         except BadRequest as bad:
             self.dead_letter(record, slot, bad.error_class, bad.reason)
@@ -199,7 +205,7 @@ class BatchingStage(StreamStage):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        pending = _Pending(record, slot, request, prepared, rows, time.monotonic())
+        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic())
         for batch in self._batcher.add(self.backend.batch_key(request), pending, rows):
             self._dispatch(batch)
 
@@ -303,11 +309,12 @@ class BatchingStage(StreamStage):
 
     def _succeed(self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str) -> None:
         try:
+            tensors, datatypes = self.routing.from_model(item.message, outputs)
             if self.io.emit_requests:
-                value, content_type = self._next_request(item.request, outputs)
+                value, content_type = self._next_request(item.message, tensors, datatypes)
             else:
                 value, content_type = encode_response(
-                    item.request, outputs, model_name=model, model_version=version, parameters=item.request.parameters
+                    item.message, tensors, model_name=model, model_version=version, parameters=item.message.parameters
                 )
         except BadRequest as bad:
             self._fail(item, bad.error_class, bad.reason)
@@ -332,10 +339,13 @@ class BatchingStage(StreamStage):
         )
 
     @staticmethod
-    def _next_request(request: InferenceRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, str]:
-        """The next stage's request: these outputs as its inputs, the request's identity kept."""
+    def _next_request(
+        request: InferenceRequest, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
+    ) -> tuple[bytes, str]:
+        """The next stage's request: these tensors as its inputs, the request's identity kept."""
         record = encode_request(
-            outputs,
+            tensors,
+            datatypes=datatypes,
             correlation_id=request.correlation_id,
             form=request.form,
             parameters=request.parameters,

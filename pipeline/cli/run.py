@@ -49,8 +49,10 @@ def endpoints_for(topology: Topology) -> tuple[Endpoints, EmbeddedStack | None]:
 @app.command()
 def run(
     topology_file: Path = typer.Argument(..., metavar="TOPOLOGY", help="Topology YAML file."),
-    stage: str = typer.Option(
-        None, "--stage", help="Run only this stage (scale out: more processes, same consumer group)."
+    stage: list[str] = typer.Option(
+        [],
+        "--stage",
+        help="Run only this stage; repeatable (scale out: more processes, same consumer groups).",
     ),
     http_port: int = typer.Option(
         None, "--http-port", help="Port for /healthz, /readyz, /metrics (default: the topology's)."
@@ -79,7 +81,7 @@ def run(
                       f"dead letters: {topology.dead_letter_topic}")
 
     try:
-        asyncio.run(run_topology(topology, endpoints, only_stage=stage, http_port=http_port, on_ready=ready))
+        asyncio.run(run_topology(topology, endpoints, only_stages=stage, http_port=http_port, on_ready=ready))
     finally:
         if stack is not None:
             stack.stop()

@@ -84,12 +84,36 @@ def _check_models(topology: Topology) -> list[str]:
         return check_compatibility(topology, admin.describe)
 
 
+def _print_graph(topology: Topology) -> None:
+    """Steps and joins of a graph topology, with the topics the graph gives them."""
+    graph = topology.graph()
+    for name in graph.order:
+        node, stage = graph.steps[name], topology.stage(name)
+        model = getattr(stage, "model", stage.kind)
+        line = f"{name} ({model}): {node.input_topic} -> {node.output_topic}, group {topology.group_id(name)}"
+        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    for name, join in graph.joins.items():
+        line = (
+            f"{name} ({join.mode} join of {', '.join(join.branches)}, window {join.window_ms:.0f} ms): "
+            f"{', '.join(join.input_topics)} -> {join.output_topic}"
+        )
+        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"inputs {topology.inputs} -> outputs {topology.outputs}; topics: {escape(', '.join(topology.topics()))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def _print_summary(topology: Topology) -> None:
     """One line per stage (kind, model, topics, group), then every topic: short and greppable."""
     console.print(
         f"topology [bold]{escape(topology.name)}[/]: {len(topology.stages)} stage(s)",
         highlight=False,
     )
+    if topology.is_graph:
+        _print_graph(topology)
+        return
     for stage, route in zip(topology.stages, topology.stage_topics(), strict=True):
         if isinstance(stage, StatelessStage):
             model = stage.model + (f" version {stage.model_version}" if stage.model_version else "")

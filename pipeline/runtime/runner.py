@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pipeline.errors import ConfigError
@@ -26,6 +26,8 @@ from pipeline.topology.model import SequenceStage as SequenceStageConfig
 from pipeline.topology.model import Topology
 from workers.base import StageIO, StreamStage
 from workers.dali import DaliAudioBackend
+from workers.join import JoinStage
+from workers.routing import TensorRouting
 from workers.sequence import SequenceStage
 from workers.stateless import BatchingSettings, BatchingStage, RetryPolicy
 from workers.triton_backend import TritonModelBackend
@@ -45,15 +47,16 @@ class RunningProcess:
 
 
 def build_stages(
-    topology: Topology, endpoints: Endpoints, metrics: PipelineMetrics, only: str | None = None
+    topology: Topology, endpoints: Endpoints, metrics: PipelineMetrics, only: Sequence[str] = ()
 ) -> list[StreamStage]:
-    """One runtime stage object per selected topology stage."""
-    names = [s.name for s in topology.stages]
-    if only is not None and only not in names:
-        raise ConfigError(f"topology {topology.name!r} has no stage {only!r} (stages: {', '.join(names)})")
+    """One runtime stage object per selected topology stage (all when ``only`` is empty),
+    and per join of a graph."""
+    if topology.is_graph:
+        return _graph_stages(topology, endpoints, metrics, only)
+    _check_selection(topology, [s.name for s in topology.stages], only)
     stages: list[StreamStage] = []
     for config, (input_topic, output_topic) in zip(topology.stages, topology.stage_topics(), strict=True):
-        if only is not None and config.name != only:
+        if only and config.name not in only:
             continue
         io = StageIO(
             stage=config.name,
@@ -77,6 +80,7 @@ def build_stages(
                     kafka=endpoints.kafka,
                     metrics=metrics,
                     warmup=config.warmup,
+                    routing=TensorRouting(config.input_map, config.output_map),
                 )
             )
         elif isinstance(config, DaliStageConfig):
@@ -112,6 +116,76 @@ def build_stages(
     return stages
 
 
+def _graph_stages(
+    topology: Topology, endpoints: Endpoints, metrics: PipelineMetrics, only: Sequence[str]
+) -> list[StreamStage]:
+    """Steps and joins of a graph topology, wired by the compiled graph's topics."""
+    graph = topology.graph()
+    _check_selection(topology, [*graph.order, *graph.joins], only)
+    stages: list[StreamStage] = []
+    for name in graph.order:
+        if only and name not in only:
+            continue
+        node, config = graph.steps[name], topology.stage(name)
+        assert isinstance(config, StatelessStageConfig)
+        io = StageIO(
+            stage=name,
+            group_id=topology.group_id(name),
+            input_topic=node.input_topic,
+            output_topic=node.output_topic,
+            dead_letter_topic=topology.dead_letter_topic,
+            max_pending=config.batching.max_pending_requests,
+            emit_requests=not node.to_result,
+        )
+        stages.append(
+            BatchingStage(
+                io,
+                TritonModelBackend(endpoints.triton, config.model, config.model_version),
+                _batching_settings(config),
+                kafka=endpoints.kafka,
+                metrics=metrics,
+                warmup=config.warmup,
+                routing=TensorRouting(
+                    config.input_map,
+                    config.output_map,
+                    carry=True,
+                    select=topology.outputs if node.to_result else None,
+                ),
+            )
+        )
+    for name, join in graph.joins.items():
+        if only and name not in only:
+            continue
+        io = StageIO(
+            stage=name,
+            group_id=topology.group_id(name),
+            input_topic=join.input_topics[0],
+            more_input_topics=join.input_topics[1:],
+            output_topic=join.output_topic,
+            dead_letter_topic=topology.dead_letter_topic,
+        )
+        stages.append(
+            JoinStage(
+                io,
+                join,
+                state_topic=f"{topology.name}.{name}.state",
+                to_result=join.feeds == "result",
+                select=topology.outputs if join.feeds == "result" else None,
+                kafka=endpoints.kafka,
+                metrics=metrics,
+            )
+        )
+    return stages
+
+
+def _check_selection(topology: Topology, names: list[str], only: Sequence[str]) -> None:
+    unknown = [name for name in only if name not in names]
+    if unknown:
+        raise ConfigError(
+            f"topology {topology.name!r} has no stage {', '.join(map(repr, unknown))} (stages: {', '.join(names)})"
+        )
+
+
 def _batching_settings(config: StatelessStageConfig | DaliStageConfig) -> BatchingSettings:
     b = config.batching
     settings = BatchingSettings(
@@ -139,7 +213,7 @@ async def run_topology(
     topology: Topology,
     endpoints: Endpoints,
     *,
-    only_stage: str | None = None,
+    only_stages: Sequence[str] = (),
     stop: asyncio.Event | None = None,
     http_port: int | None = None,
     on_ready: Callable[[RunningProcess], None] | None = None,
@@ -162,7 +236,7 @@ async def run_topology(
     )
     if created:
         log.info("created topics: %s", ", ".join(created))
-    state = RunningProcess(stages=build_stages(topology, endpoints, metrics, only_stage))
+    state = RunningProcess(stages=build_stages(topology, endpoints, metrics, only_stages))
     health = HealthServer(metrics, state.ready, port=topology.http_port if http_port is None else http_port)
     state.health_port = await health.start()
     snapshot_producer = make_producer(endpoints.kafka)

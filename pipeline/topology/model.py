@@ -38,6 +38,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
+
 # --------------------------------------------------------------------------- scalar types
 
 _NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
@@ -220,6 +222,17 @@ class RetryPolicy(_Strict):
 # --------------------------------------------------------------------------- stages
 
 
+class JoinSettings(_Strict):
+    """How a step (or the result) waits for the branches it needs, by correlation ID."""
+
+    mode: Literal["inner", "outer", "any"] = "inner"
+    """inner: wait for every branch (dead-letter what is incomplete when the window closes);
+    outer: emit what arrived when the window closes, marked partial with the missing branches;
+    any: the first branch to arrive wins."""
+    window_ms: PositiveFloat = 5000.0
+    """How long after the first branch arrives the others may come."""
+
+
 class _StageBase(_Strict):
     name: Name
     """Unique within the topology; part of the consumer group id and of derived topic names."""
@@ -252,6 +265,8 @@ class StatelessStage(_StageBase):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     max_request_bytes: PositiveInt = 16 * 1024 * 1024
     """Larger record values are dead-lettered (oversized-value) before any decoding."""
+    join: JoinSettings = Field(default_factory=JoinSettings)
+    """Graph topologies: how this step waits when its inputs come from parallel branches."""
     warmup: bool = False
     """Infer once before consuming, so the first real record does not pay for model start-up."""
 
@@ -364,7 +379,55 @@ class Topology(_Strict):
     """Seconds between metric snapshots."""
     http_port: int = Field(default=0, ge=0, le=65535)
     """Port of the health/metrics HTTP endpoint; 0 = any free port."""
+    inputs: list[str] | None = None
+    """Graph topologies: the request's tensors (topology-wide names)."""
+    outputs: list[str] | None = None
+    """Graph topologies: the tensors written to the result topic. Setting it makes the
+    stages a graph wired by input_map/output_map (Triton ensemble semantics) instead of a
+    chain; fan-out and joins follow from the maps."""
+    result_join: JoinSettings = Field(default_factory=JoinSettings)
+    """Graph topologies: how the result waits when its outputs come from parallel branches."""
     stages: list[Stage] = Field(min_length=1)
+
+    @property
+    def is_graph(self) -> bool:
+        return self.outputs is not None
+
+    def graph(self) -> Graph:
+        """The compiled graph (graph topologies only)."""
+        return compile_graph(
+            topology=self.name,
+            steps=[
+                StepSpec(s.name, s.input_map, s.output_map, s.join.mode, s.join.window_ms)
+                for s in self.stages
+                if isinstance(s, StatelessStage)
+            ],
+            inputs=self.inputs or [],
+            outputs=self.outputs or [],
+            input_topic=self.input_topic,
+            result_topic=self.result_topic,
+            result_join_mode=self.result_join.mode,
+            result_join_window_ms=self.result_join.window_ms,
+        )
+
+    def _check_graph(self) -> None:
+        if not self.outputs:
+            raise _located("a graph topology names at least one output tensor", ("outputs",))
+        if not self.inputs:
+            raise _located("a graph topology names its input tensors", ("inputs",))
+        for index, stage in enumerate(self.stages):
+            if not isinstance(stage, StatelessStage):
+                raise _located(f"graph steps are stateless stages; {stage.kind!r} runs in chains only", ("stages", index, "kind"))
+            if stage.input_topic or stage.output_topic:
+                raise _located("graph steps get their topics from the graph", ("stages", index, "input_topic"))
+            for field in ("input_map", "output_map"):
+                if not getattr(stage, field):
+                    raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
+        try:
+            self.graph()
+        except GraphError as exc:
+            index = next((i for i, s in enumerate(self.stages) if s.name == exc.step), None)
+            raise _located(str(exc), ("stages", index, exc.field_name) if index is not None else (exc.field_name,)) from None
 
     @model_validator(mode="after")
     def _check_chain(self) -> Topology:
@@ -376,6 +439,9 @@ class Topology(_Strict):
                     ("stages", index, "name"),
                 )
             seen[stage.name] = index
+        if self.is_graph:
+            self._check_graph()
+            return self
         chain = self._resolve_chain()
         topics = [chain[0].input, *(t.output for t in chain)]
         for index, topic in enumerate(topics):
@@ -446,12 +512,15 @@ class Topology(_Strict):
 
     def group_id(self, stage: str) -> str:
         """Kafka consumer group of ``stage``: every worker running it joins this group."""
-        if not any(s.name == stage for s in self.stages):
+        joins = self.graph().joins if self.is_graph else {}
+        if not any(s.name == stage for s in self.stages) and stage not in joins:
             raise KeyError(f"topology {self.name!r} has no stage {stage!r}")
         return f"{self.name}.{stage}"
 
     def topics(self) -> list[str]:
         """Every topic the pipeline uses, in chain order, then dead letters and metrics."""
+        if self.is_graph:
+            return [*self.graph().topics(), self.dead_letter_topic, self.metrics_topic]
         chain = self._resolve_chain()
         return [
             chain[0].input,
@@ -465,7 +534,10 @@ class Topology(_Strict):
         return f"{self.group_id(stage)}.state"
 
     def state_topics(self) -> list[str]:
-        return [self.state_topic(s.name) for s in self.stages if isinstance(s, SequenceStage)]
+        stateful = [self.state_topic(s.name) for s in self.stages if isinstance(s, SequenceStage)]
+        if self.is_graph:
+            stateful += [f"{self.name}.{join}.state" for join in self.graph().joins]
+        return stateful
 
     def stage(self, name: str) -> Stage:
         """The stage called ``name``."""

@@ -27,3 +27,19 @@ def mlp_reference(features: np.ndarray) -> np.ndarray:
 
 def random_features(rows: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, 16)).astype(np.float32)
+
+
+def _initializers(model: str) -> dict[str, np.ndarray]:
+    path = MODEL_FILE.parents[2] / model / "1" / "model.onnx"
+    return {t.name: numpy_helper.to_array(t).astype(np.float64) for t in onnx.load(str(path)).graph.initializer}
+
+
+def norm_reference(raw: np.ndarray) -> np.ndarray:
+    """sample_models/feature_norm: (raw - mean) / std."""
+    w = _initializers("feature_norm")
+    return (np.asarray(raw, np.float64) - w["mean"]) / w["std"]
+
+
+def score_reference(features: np.ndarray) -> np.ndarray:
+    """sample_models/anomaly_score: the L2 norm of each row, [rows, 1]."""
+    return np.linalg.norm(np.asarray(features, np.float64), axis=1, keepdims=True)

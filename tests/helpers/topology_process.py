@@ -40,6 +40,7 @@ def write_topology(
     partitions: int = 4,
     stage: dict[str, Any] | None = None,
     stages: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> TopologyFiles:
     """A topology with unique names: by default one dense_classifier stage (``stage``
     overrides its settings); ``stages`` replaces the stage list entirely."""
@@ -62,6 +63,7 @@ def write_topology(
         "metrics_interval_s": 1,
         "stages": stages if stages is not None else [stage_config],
     }
+    doc.update(extra or {})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return TopologyFiles(
@@ -77,7 +79,9 @@ def write_topology(
 class PipelineProcess:
     """One `pipeline run` process with its health port and log file."""
 
-    def __init__(self, topology: TopologyFiles, env: dict[str, str], log_path: Path, stage: str | None = None) -> None:
+    def __init__(
+        self, topology: TopologyFiles, env: dict[str, str], log_path: Path, stage: str | list[str] | None = None
+    ) -> None:
         self.topology = topology
         self.env = dict(env, PYTHONUNBUFFERED="1", COLUMNS="200")
         self.log_path = log_path
@@ -87,8 +91,8 @@ class PipelineProcess:
 
     def start(self, ready_timeout: float = 120.0) -> PipelineProcess:
         argv = [sys.executable, "-m", "pipeline", "run", str(self.topology.path), "--http-port", str(self.http_port)]
-        if self.stage:
-            argv += ["--stage", self.stage]
+        for name in [self.stage] if isinstance(self.stage, str) else (self.stage or []):
+            argv += ["--stage", name]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ready_timeout
@@ -147,7 +151,7 @@ class PipelineProcess:
 
 @contextlib.contextmanager
 def pipeline_process(
-    topology: TopologyFiles, env: dict[str, str], tmp_path: Path, stage: str | None = None
+    topology: TopologyFiles, env: dict[str, str], tmp_path: Path, stage: str | list[str] | None = None
 ) -> Iterator[PipelineProcess]:
     process = PipelineProcess(topology, env, tmp_path / f"run-{uuid.uuid4().hex[:6]}.log", stage).start()
     try:

@@ -1,0 +1,50 @@
+"""Read a compacted state topic back: the latest value of every key in some partitions.
+
+Stateful stages (sequences, joins) write each key's state to a compacted topic,
+into the partition number of the input record it came from; a worker that is
+assigned input partition ``p`` restores state partition ``p`` to its end
+before it handles a record of ``p``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from pipeline.kafka.clients import make_consumer
+from pipeline.settings import KafkaSettings
+
+
+async def read_changelog(settings: KafkaSettings, topic: str, partitions: Iterable[int]) -> dict[bytes, bytes]:
+    """``key -> latest value`` (tombstoned keys left out) of ``partitions`` of ``topic``."""
+    wanted = [TopicPartition(topic, p) for p in partitions]
+    if not wanted:
+        return {}
+    consumer = make_consumer(settings, group_id=None, isolation_level="read_uncommitted")
+    await consumer.start()
+    latest: dict[bytes, bytes] = {}
+    try:
+        consumer.assign(wanted)
+        end = await consumer.end_offsets(wanted)
+        await consumer.seek_to_beginning(*wanted)
+        while await _behind(consumer, wanted, end):
+            batch = await consumer.getmany(*wanted, timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    key = record.key or b""
+                    if record.value is None:
+                        latest.pop(key, None)
+                    else:
+                        latest[key] = record.value
+    finally:
+        await consumer.stop()
+    return latest
+
+
+async def _behind(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], end: dict[TopicPartition, int]) -> bool:
+    for tp in partitions:
+        if await consumer.position(tp) < end[tp]:
+            return True
+    return False

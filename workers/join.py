@@ -1,0 +1,268 @@
+"""The join stage: merge parallel branches' messages by correlation ID within a window.
+
+Branch topics are co-partitioned (same partition count, key = correlation ID),
+and the consumer uses the range assignor, so every message of one correlation
+ID reaches the same worker. Per correlation ID the worker keeps the messages
+that have arrived; the state is written to a compacted Kafka topic with every
+arrival and restored on assignment (like a sequence stage's), so a worker
+killed mid-join loses nothing; it is deleted (tombstone) some time after the
+join completed, having served to recognise late duplicates.
+
+Modes (``JoinNode.mode``):
+- ``inner``: emit when every branch has arrived; when the window closes first,
+  dead-letter what arrived ("join window expired", naming the missing branches);
+- ``outer``: emit when every branch has arrived, or, when the window closes,
+  what arrived, marked partial (``join-status: partial`` header and the
+  ``join_status`` / ``join_missing`` parameters);
+- ``any``: the first branch to arrive is emitted; later ones are dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from aiokafka.structs import TopicPartition
+
+from pipeline.contract.errors import BadRequest, ErrorClass, one_line
+from pipeline.contract.records import dead_letter_headers, result_headers
+from pipeline.contract.request import InferenceRequest, decode_request, encode_request
+from pipeline.contract.response import encode_response
+from pipeline.kafka.changelog import read_changelog
+from pipeline.kafka.ordering import Slot
+from pipeline.kafka.outbox import OutRecord, Outputs
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.settings import KafkaSettings
+from pipeline.topology.graph import JoinNode
+from workers.base import Record, StageIO, StreamStage
+
+log = logging.getLogger(__name__)
+
+JOIN_STATUS = "join-status"
+
+
+@dataclass
+class JoinState:
+    """What has arrived for one correlation ID."""
+
+    first_ms: int
+    partition: int
+    branches: dict[str, bytes] = field(default_factory=dict)  # branch -> message value
+    headers: list[tuple[str, bytes]] = field(default_factory=list)  # of the first arrival
+    done: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "first_ms": self.first_ms,
+                "partition": self.partition,
+                "done": self.done,
+                "branches": {b: base64.b64encode(v).decode() for b, v in self.branches.items()},
+                "headers": [[k, base64.b64encode(v).decode()] for k, v in self.headers],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> JoinState:
+        data = json.loads(value)
+        return cls(
+            first_ms=int(data["first_ms"]),
+            partition=int(data["partition"]),
+            done=bool(data["done"]),
+            branches={b: base64.b64decode(v) for b, v in data["branches"].items()},
+            headers=[(k, base64.b64decode(v)) for k, v in data["headers"]],
+        )
+
+
+class JoinStage(StreamStage):
+    """Fan-in of a graph topology (see the module docstring)."""
+
+    def __init__(
+        self,
+        io: StageIO,
+        node: JoinNode,
+        *,
+        state_topic: str,
+        to_result: bool,
+        select: list[str] | None,
+        kafka: KafkaSettings,
+        metrics: PipelineMetrics,
+        retention_s: float = 60.0,
+    ) -> None:
+        super().__init__(io, kafka, metrics)
+        self.node = node
+        self.state_topic = state_topic
+        self.to_result = to_result
+        self.select = select
+        self.retention_ms = int(max(retention_s, node.window_ms / 1000) * 1000)
+        self._branch_of = dict(zip(node.input_topics, node.branches, strict=True))
+        self._states: dict[bytes, JoinState] = {}
+        self._last_sweep = 0.0
+
+    # ------------------------------------------------------------------ state
+    async def restore(self, partitions: list[TopicPartition]) -> None:
+        numbers = sorted({tp.partition for tp in partitions})
+        # Several input topics share partition numbers: restore each number once.
+        missing = [p for p in numbers if not any(s.partition == p for s in self._states.values())]
+        states = await read_changelog(self.kafka, self.state_topic, missing)
+        for key, value in states.items():
+            self._states[key] = JoinState.decode(value)
+        log.info("%s: restored %d pending joins for partitions %s", self.io.stage, len(states), numbers)
+
+    async def forget(self, partitions: list[TopicPartition]) -> None:
+        numbers = {tp.partition for tp in partitions}
+        for key in [k for k, s in self._states.items() if s.partition in numbers]:
+            del self._states[key]
+
+    def _checkpoint(self, key: bytes, state: JoinState | None, partition: int) -> OutRecord:
+        return OutRecord(
+            topic=self.state_topic,
+            key=key,
+            value=state.encode() if state is not None else None,
+            headers=[],
+            partition=partition,
+            after_acks=True,
+            counts_as_result=False,
+        )
+
+    # ------------------------------------------------------------------ arrivals
+    async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
+        branch = self._branch_of[record.topic]
+        key = record.key or b""
+        if not key:
+            self.dead_letter(record, slot, ErrorClass.MISSING_CORRELATION_ID, "a join needs the correlation ID as key")
+            return
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = JoinState(
+                first_ms=int(time.time() * 1000), partition=record.partition, headers=list(record.headers or ())
+            )
+        if state.done or branch in state.branches:
+            self.outbox.complete(slot, ())  # late, or a replay of what is already joined
+            return
+        state.branches[branch] = record.value or b""
+        complete = len(state.branches) == len(self.node.branches)
+        if self.node.mode == "any" or complete:
+            status = None if complete else "first"  # any-join: this branch won
+            try:
+                merged = self._merged(key, state, status=status)
+            except BadRequest as bad:
+                self.dead_letter(record, slot, bad.error_class, bad.reason)
+                state.done = True
+                return
+            state.done = True
+            self.outbox.complete(slot, (merged, self._checkpoint(key, state, state.partition)))
+        else:
+            self.outbox.complete(slot, (self._checkpoint(key, state, state.partition),))
+
+    def _merged(self, key: bytes, state: JoinState, *, status: str | None = None) -> OutRecord:
+        """One message with the union of the branches' tensors (branch order decides ties).
+
+        ``status`` marks an incomplete join: "partial" (outer, window closed) or "first"
+        (any); the parameters then name the branches that are missing.
+        """
+        requests: list[InferenceRequest] = []
+        for branch in self.node.branches:
+            if branch in state.branches:
+                requests.append(decode_request(state.branches[branch], state.headers))
+        first = requests[0]
+        tensors: dict[str, np.ndarray] = {}
+        datatypes: dict[str, str] = {}
+        for request in requests:
+            for name, array in request.inputs.items():
+                if name not in tensors:
+                    tensors[name], datatypes[name] = array, request.datatypes[name]
+        parameters = dict(first.parameters)
+        extra_headers: list[tuple[str, bytes]] = []
+        if status is not None:
+            parameters["join_status"] = status
+            parameters["join_missing"] = ",".join(b for b in self.node.branches if b not in state.branches)
+            extra_headers.append((JOIN_STATUS, status.encode()))
+        if self.to_result:
+            if self.select is not None:
+                absent = [t for t in self.select if t not in tensors]
+                tensors = {t: tensors[t] for t in self.select if t in tensors}
+                if absent and status is None:
+                    raise BadRequest(ErrorClass.UNKNOWN_OUTPUT, f"result tensors {absent} were not produced")
+            value, content_type = encode_response(
+                first, tensors, model_name=self.node.name, model_version="", parameters=parameters
+            )
+        else:
+            built = encode_request(
+                tensors,
+                datatypes=datatypes,
+                correlation_id=first.correlation_id,
+                form=first.form,
+                parameters=parameters,
+                sequence_id=first.sequence_id,
+                sequence_start=first.sequence_start,
+                sequence_end=first.sequence_end,
+            )
+            value, content_type = built.value, first.form.request_content_type
+        headers = result_headers(
+            state.headers,
+            correlation_id=first.correlation_id,
+            stage=self.io.stage,
+            model_name=self.node.name,
+            model_version="",
+            content_type=content_type,
+        ) + extra_headers
+        return OutRecord(topic=self.io.output_topic, key=key, value=value, headers=headers)
+
+    # ------------------------------------------------------------------ windows
+    def next_tick_s(self) -> float:
+        return 0.05
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep < 0.05:
+            return
+        self._last_sweep = now
+        wall_ms = int(time.time() * 1000)
+        for key, state in list(self._states.items()):
+            age = wall_ms - state.first_ms
+            if not state.done and age >= self.node.window_ms:
+                await self._expire(key, state)
+            elif state.done and age >= self.node.window_ms + self.retention_ms:
+                await self._produce_direct(self._checkpoint(key, None, state.partition))
+                del self._states[key]
+
+    async def _expire(self, key: bytes, state: JoinState) -> None:
+        """The window closed before every branch arrived."""
+        missing = [b for b in self.node.branches if b not in state.branches]
+        state.done = True
+        if self.node.mode == "outer":
+            out = self._merged(key, state, status="partial")
+        else:
+            branch, value = next(iter(state.branches.items()))
+            reason = f"join window of {self.node.window_ms:.0f} ms expired; missing {', '.join(missing)} (have {branch})"
+            out = OutRecord(
+                topic=self.io.dead_letter_topic,
+                key=key,
+                value=value,
+                headers=dead_letter_headers(
+                    state.headers,
+                    stage=self.io.stage,
+                    error_class=ErrorClass.DEADLINE_EXCEEDED,
+                    reason=one_line(reason),
+                    now_ms=int(time.time() * 1000),
+                ),
+                dead_letter=True,
+                error_class=ErrorClass.DEADLINE_EXCEEDED.value,
+            )
+        await self._produce_direct(out)
+        self._acknowledged(out)
+        await self._produce_direct(self._checkpoint(key, state, state.partition))
+
+    async def _produce_direct(self, out: OutRecord) -> None:
+        """Outputs no input record owns (window expiry): sent and awaited before state moves on."""
+        assert self._producer is not None
+        await self._producer.send_and_wait(
+            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
+        )
+
