@@ -5,6 +5,31 @@ per-row shapes, max batch size) before they are batched, and grouped by
 everything that must be equal inside one call (version, tensor shapes after
 the batch dimension, requested outputs, priority, timeout), so no padding is
 ever added and no batch mixes shapes.
+
+Live model management (Triton in explicit model-control mode), as observed on
+Triton 2.51 with the default version policy (``latest { num_versions: 1 }``):
+
+- ``load`` of a model whose repository now holds version 2: v1 keeps serving
+  while v2 is LOADING, requests switch to v2 the moment it is READY, then v1 is
+  UNLOADING (its in-flight requests finish) and ends ``UNAVAILABLE: unloaded``.
+  No request fails at any point. With ``--strict-readiness`` the *server*
+  reports not-ready while any version is LOADING or UNLOADING, although the
+  model serves throughout. The same holds when the pushed copy holds only ``2/``.
+- a response naming a version other than the last one seen makes the backend
+  describe the model again, in a task off the event loop, and swap the
+  description when that returns (batches in flight keep the one they started
+  with); the switch is logged ("model X: now serving version 2").
+- ``unload``: requests fail at once with ``NOT_FOUND: Request for unknown model:
+  'X' has no available versions`` (a pinned version: ``UNAVAILABLE: ... version
+  1 is not at ready state``), also while the model is still UNLOADING. While the
+  repository index says LOADING or UNLOADING, that is an *outage* (the request
+  waits: a reload in progress); once the model has settled not loaded it is
+  *permanent*, dead-lettered as ``model-unavailable``, whatever the status code.
+- ``load`` after an unload: requests fail "no available versions" while Triton
+  fetches the model from the store (index still ``UNAVAILABLE: unloaded``:
+  permanent, the model is not loaded) and while it is LOADING (outage: they
+  wait), and succeed once it is READY. A failure whose index read already says
+  READY lost that race and is retried (transient).
 """
 
 from __future__ import annotations
@@ -42,6 +67,10 @@ class TritonModelBackend:
         self.name = model
         self.description: ModelDescription | None = None
         self._client: triton_aio.InferenceServerClient | None = None
+        # The version answering requests that name none, and when that call was sent.
+        self._serving: str | None = None
+        self._serving_since = 0.0
+        self._refresh: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self) -> int:
@@ -53,6 +82,9 @@ class TritonModelBackend:
         return self.description.max_batch_size
 
     async def close(self) -> None:
+        if self._refresh is not None and not self._refresh.done():
+            self._refresh.cancel()
+            await asyncio.gather(self._refresh, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
 
@@ -110,6 +142,7 @@ class TritonModelBackend:
 
     async def run(self, requests: Sequence[InferenceRequest], prepared: Sequence[object] = ()) -> BatchOutput:
         assert self._client is not None and self.description is not None
+        description = self.description  # this batch's, even if a reload swaps it meanwhile
         first = requests[0]
         inputs = []
         for name, datatype in first.datatypes.items():
@@ -118,7 +151,8 @@ class TritonModelBackend:
             tensor = InferInput(name, list(data.shape), datatype)
             tensor.set_data_from_numpy(data)
             inputs.append(tensor)
-        names = list(first.requested_outputs) or [o.name for o in self.description.outputs]
+        names = list(first.requested_outputs) or [o.name for o in description.outputs]
+        sent = time.monotonic()
         response = await self._client.infer(
             self.model,
             inputs,
@@ -129,17 +163,57 @@ class TritonModelBackend:
             client_timeout=_client_timeout(first),
         )
         result = response.get_response()
+        if not first.model_version:
+            self._observe_version(result.model_version, sent)
         arrays = {name: response.as_numpy(name) for name in names}
         outputs: list[dict[str, np.ndarray]] = []
         offset = 0
         for request in requests:
             rows = self.rows(request)
-            if self.description.batching:
+            if description.batching:
                 outputs.append({n: a[offset : offset + rows] for n, a in arrays.items()})
             else:
                 outputs.append(arrays)
             offset += rows
         return BatchOutput(outputs, result.model_name, result.model_version)
+
+    # ------------------------------------------------------------------ versions
+    def _observe_version(self, version: str, sent: float) -> None:
+        """Note the version that answered a call sent at ``sent``; on a change, describe again.
+
+        Answers to calls sent before the latest noted one are stale (batches
+        overlap), so a late v1 answer after the switch does not flip it back.
+        """
+        if sent < self._serving_since:
+            return
+        self._serving_since = sent
+        if version == self._serving:
+            return
+        previous, self._serving = self._serving, version
+        if previous is None:
+            return  # the first answer: setup() described this model already
+        log.info("model %s: now serving version %s (was %s)", self.model, version, previous)
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.create_task(self._refresh_description(), name=f"describe-{self.model}")
+
+    async def _refresh_description(self) -> None:
+        """Describe the model again (in a thread) and swap the description in when done."""
+        try:
+            description = await asyncio.to_thread(self._describe)
+        except Exception as exc:  # noqa: BLE001 - keep serving with what we have
+            log.warning("model %s: could not describe it again (%s); keeping the previous description", self.model, exc)
+            return
+        old = self.description
+        self.description = description
+        if old is not None and description.max_batch_size < old.max_batch_size:
+            log.warning(
+                "model %s: max_batch_size fell from %d to %d; batches are still cut at the old size",
+                self.model, old.max_batch_size, description.max_batch_size,
+            )
+
+    def _describe(self) -> ModelDescription:
+        with TritonAdmin(self.settings) as admin:
+            return admin.describe(self.model, self.model_version)
 
     # ------------------------------------------------------------------ failures
     async def classify(self, exc: BaseException) -> Failure:
@@ -147,12 +221,40 @@ class TritonModelBackend:
             return Failure(FailureKind.PERMANENT, ErrorClass.INFERENCE_FAILED, f"{type(exc).__name__}: {exc}")
         message = " ".join(str(exc.message() or exc).split())
         status = str(exc.status() or "")
-        if _is_connection_failure(status, message) or not await self._server_ready():
-            # Unreachable, starting or shutting down: the server's problem, not the request's.
+        if _is_connection_failure(status, message):
             return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
         error_class = _error_class(status, message)
+        if error_class is ErrorClass.MODEL_UNAVAILABLE:
+            states = await self._model_states()
+            if states is None or states & {"LOADING", "UNLOADING"}:
+                # Being (re)loaded or unloaded, or no index to tell: wait, as for an outage.
+                return Failure(FailureKind.OUTAGE, error_class, f"{message} (model {self.model} is being loaded or unloaded)")
+            if "READY" in states:
+                # It became ready between the failure and the index read: try again.
+                return Failure(FailureKind.TRANSIENT, error_class, f"{message} (model {self.model} is ready again)")
+        if not await self._server_ready():
+            # Unreachable, starting or shutting down: the server's problem, not the request's.
+            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
+        if error_class is ErrorClass.MODEL_UNAVAILABLE:
+            # Settled not loaded: `pipeline models load` is a person's decision, not a retry's.
+            reason = f"model {self.model!r} is not loaded on Triton: {message}"
+            return Failure(FailureKind.PERMANENT, error_class, reason)
         kind = FailureKind.TRANSIENT if status in _TRANSIENT else FailureKind.PERMANENT
         return Failure(kind, error_class, message)
+
+    async def _model_states(self) -> set[str] | None:
+        """The states of this model's versions (the stage's pinned one only) in the repository
+        index; ``None`` when the index cannot be read."""
+        assert self._client is not None
+        try:
+            index = await self._client.get_model_repository_index(client_timeout=2.0)
+        except InferenceServerException:
+            return None
+        return {
+            m.state
+            for m in index.models
+            if m.name == self.model and (not self.model_version or m.version == self.model_version)
+        }
 
     async def _server_ready(self) -> bool:
         assert self._client is not None
@@ -175,7 +277,7 @@ def _is_connection_failure(status: str, message: str) -> bool:
 
 def _error_class(status: str, message: str) -> ErrorClass:
     text = message.lower()
-    if "no available versions" in text or "is not ready" in text:
+    if "no available versions" in text or "is not ready" in text or "is not at ready state" in text:
         return ErrorClass.MODEL_UNAVAILABLE  # known to the repository, but not loaded
     if "unknown model" in text or "not found" in text:
         return ErrorClass.UNKNOWN_MODEL
