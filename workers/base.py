@@ -91,6 +91,11 @@ class StreamStage(abc.ABC):
         self._outbox: Outbox | None = None
         self._paused = False
         self._fatal: BaseException | None = None
+        # Labelled children looked up once: a label lookup per record costs microseconds.
+        self._requests_total = metrics.requests.labels(io.stage)
+        self._results_total = metrics.results.labels(io.stage)
+        self._end_to_end = metrics.end_to_end.labels(io.stage)
+        self._pending_gauge = metrics.pending_requests.labels(io.stage)
         # Partitions whose records may be handled: assigned *and* restored. aiokafka
         # calls the rebalance listener from its coordinator task while the fetcher
         # keeps fetching, so records can arrive before restore finishes or after a
@@ -182,10 +187,10 @@ class StreamStage(abc.ABC):
         if out.dead_letter:
             self.metrics.dead_letters.labels(self.io.stage, out.error_class or "unknown").inc()
         else:
-            self.metrics.results.labels(self.io.stage).inc()
+            self._results_total.inc()
         if out.request_timestamp_ms:
             latency = time.time() - out.request_timestamp_ms / 1000
-            self.metrics.end_to_end.labels(self.io.stage).observe(max(latency, 0.0))
+            self._end_to_end.observe(max(latency, 0.0))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop``; then hand over and commit everything (bounded by drain_timeout_s)."""
@@ -213,7 +218,7 @@ class StreamStage(abc.ABC):
             if self._fatal is not None:
                 raise self._fatal
             room = self.io.max_pending - self.outbox.pending()
-            self.metrics.pending_requests.labels(stage).set(self.outbox.pending())
+            self._pending_gauge.set(self.outbox.pending())
             if room <= 0:
                 self._pause(consumer)
             elif self._paused and room >= self.io.max_pending // 2:
@@ -230,7 +235,7 @@ class StreamStage(abc.ABC):
                     if tp not in self._owned:
                         break  # revoked while we were handling this batch
                     slot = self.outbox.track(record)
-                    self.metrics.requests.labels(stage).inc()
+                    self._requests_total.inc()
                     try:
                         await self.handle(record, slot)
                     except Exception as exc:  # noqa: BLE001 - a bug in one record never stops the stage

@@ -26,7 +26,6 @@ checkpointed state as the model's state inputs.
 from __future__ import annotations
 
 import asyncio
-import copy
 import hashlib
 import logging
 import time
@@ -279,7 +278,7 @@ class SequenceStage(StreamStage):
                 self._reject(chunk, f"unknown stream {stream.key!r}: its first chunk must be chunk 0 with sequence_start")
                 return
             state = StreamState(key=stream.key)
-        work = copy.deepcopy(state)  # applied only when the whole chunk succeeds
+        work = state.copy()  # applied only when the whole chunk succeeds
         frames, work.carry = frame(work.carry, chunk.samples, self.frame_size)
         ending = chunk.request.sequence_end
         if ending and (work.carry.size or not frames):

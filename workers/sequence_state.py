@@ -17,7 +17,7 @@ import base64
 import hashlib
 import json
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -97,6 +97,11 @@ class StreamState:
     speech_frames: int = 0
     ended: bool = False
     digests: OrderedDict[int, str] = field(default_factory=OrderedDict)
+
+    def copy(self) -> StreamState:
+        """A copy to work on: arrays and the tracker dict are replaced, never changed in
+        place, so only the containers are copied (a deepcopy costs ~8x more per chunk)."""
+        return replace(self, model_state=dict(self.model_state), digests=OrderedDict(self.digests))
 
     def remember(self, index: int, payload: bytes) -> None:
         self.digests[index] = chunk_digest(payload)

@@ -299,8 +299,9 @@ class BatchingStage(StreamStage):
 
     async def _call(self, items: list[_Pending]) -> BatchOutput:
         now = time.monotonic()
+        queue_delay = self.metrics.queue_delay.labels(self.io.stage)
         for item in items:
-            self.metrics.queue_delay.labels(self.io.stage).observe(now - item.enqueued)
+            queue_delay.observe(now - item.enqueued)
         self.metrics.batch_size.labels(self.io.stage).observe(sum(item.rows for item in items))
         started = time.perf_counter()
         output = await self.backend.run([item.request for item in items], [item.prepared for item in items])

@@ -29,8 +29,11 @@ async def read_changelog(settings: KafkaSettings, topic: str, partitions: Iterab
         consumer.assign(wanted)
         end = await consumer.end_offsets(wanted)
         await consumer.seek_to_beginning(*wanted)
-        while await _behind(consumer, wanted, end):
-            batch = await consumer.getmany(*wanted, timeout_ms=500)
+        # Read to the end offsets, then on until a fetch comes back empty: some brokers
+        # (Tansu) report the end as the last batch's base offset + 1, and the rest of that
+        # batch must not be missed.
+        while True:
+            batch = await consumer.getmany(*wanted, timeout_ms=200)
             for records in batch.values():
                 for record in records:
                     key = record.key or b""
@@ -38,6 +41,8 @@ async def read_changelog(settings: KafkaSettings, topic: str, partitions: Iterab
                         latest.pop(key, None)
                     else:
                         latest[key] = record.value
+            if not batch and not await _behind(consumer, wanted, end):
+                break
     finally:
         await consumer.stop()
     return latest

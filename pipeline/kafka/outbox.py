@@ -65,7 +65,8 @@ class Outbox:
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
         self._delivery: set[asyncio.Future[Any]] = set()
-        self._barriers: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._barriers: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._senders: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
 
@@ -99,9 +100,14 @@ class Outbox:
                 if later:
                     # Serialised per partition line: checkpoints leave in slot order.
                     previous = self._barriers.get(tp)
-                    self._barriers[tp] = asyncio.create_task(self._send_after(previous, sent, later, slot))
+                    enqueued: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._barriers[tp] = enqueued
+                    task = asyncio.create_task(self._send_after(previous, enqueued, sent, later, slot))
+                    self._senders.add(task)  # the loop keeps only weak references to tasks
+                    task.add_done_callback(self._senders.discard)
                 elif sent:
-                    done = asyncio.gather(*sent)
+                    # One output (the common case) needs no gather: watch its own future.
+                    done = sent[0] if len(sent) == 1 else asyncio.gather(*sent)
                     self._delivery.add(done)
                     done.add_done_callback(lambda f, s=slot: self._delivered(f, s))
                 else:
@@ -115,11 +121,15 @@ class Outbox:
 
     async def _send_after(
         self,
-        previous: asyncio.Task[None] | None,
+        previous: asyncio.Future[None] | None,
+        enqueued: asyncio.Future[None],
         sent: list[asyncio.Future[Any]],
         later: Outputs,
         slot: Slot[Outputs],
     ) -> None:
+        """Send ``later`` once ``sent`` is acknowledged and the previous slot's ``later`` is
+        *enqueued* (the producer keeps a partition's order, so waiting for its
+        acknowledgement would only serialise the round trips)."""
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._delivery.add(done)
         try:
@@ -127,8 +137,12 @@ class Outbox:
                 await asyncio.shield(previous)
             await asyncio.gather(*sent)
             rest = [await self._send(out) for out in later]
+            enqueued.set_result(None)
             await asyncio.gather(*rest)
         except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
+            if not enqueued.done():
+                enqueued.set_exception(exc)
+                enqueued.exception()  # retrieved here; the next slot re-raises it if any
             done.set_exception(exc)
         else:
             done.set_result(None)
