@@ -8,6 +8,13 @@ arrival and restored on assignment (like a sequence stage's), so a worker
 killed mid-join loses nothing; it is deleted (tombstone) some time after the
 join completed, having served to recognise late duplicates.
 
+Windows run in event time: from the first branch record's timestamp until
+every branch partition has been read up to the window's end (a partition with
+nothing left to read counts as "now"). So a join does not expire because this
+worker is behind on one input, only because a branch really is late. Outputs
+that no input record owns (expiries, deletion of retired markers) are handed to
+the producer together and awaited once per sweep.
+
 Modes (``JoinNode.mode``):
 - ``inner``: emit when every branch has arrived; when the window closes first,
   dead-letter what arrived ("join window expired", naming the missing branches);
@@ -19,10 +26,12 @@ Modes (``JoinNode.mode``):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,23 +110,39 @@ class JoinStage(StreamStage):
         self.select = select
         self.retention_ms = int(max(retention_s, node.window_ms / 1000) * 1000)
         self._branch_of = dict(zip(node.input_topics, node.branches, strict=True))
-        self._states: dict[bytes, JoinState] = {}
+        self._states: dict[bytes, JoinState] = {}  # open joins and done markers
+        # Done markers in completion order, with the wall time they may be deleted at.
+        self._retiring: OrderedDict[bytes, int] = OrderedDict()
+        # Event time per input partition: the timestamp of the last record handled.
+        self._event_time: dict[TopicPartition, int] = {}
+        self._last_offset: dict[TopicPartition, int] = {}
+        self._assigned_at: dict[TopicPartition, int] = {}
         self._last_sweep = 0.0
 
     # ------------------------------------------------------------------ state
     async def restore(self, partitions: list[TopicPartition]) -> None:
+        assigned_ms = int(time.time() * 1000)
+        for tp in partitions:
+            self._assigned_at[tp] = assigned_ms
         numbers = sorted({tp.partition for tp in partitions})
         # Several input topics share partition numbers: restore each number once.
         missing = [p for p in numbers if not any(s.partition == p for s in self._states.values())]
         states = await read_changelog(self.kafka, self.state_topic, missing)
+        now_ms = int(time.time() * 1000)
         for key, value in states.items():
-            self._states[key] = JoinState.decode(value)
+            state = self._states[key] = JoinState.decode(value)
+            if state.done:
+                self._retiring[key] = now_ms + self.retention_ms
         log.info("%s: restored %d pending joins for partitions %s", self.io.stage, len(states), numbers)
 
     async def forget(self, partitions: list[TopicPartition]) -> None:
         numbers = {tp.partition for tp in partitions}
         for key in [k for k, s in self._states.items() if s.partition in numbers]:
             del self._states[key]
+            self._retiring.pop(key, None)
+        for table in (self._event_time, self._last_offset, self._assigned_at):
+            for tp in [tp for tp in table if tp.partition in numbers]:
+                del table[tp]
 
     def _checkpoint(self, key: bytes, state: JoinState | None, partition: int) -> OutRecord:
         return OutRecord(
@@ -137,10 +162,14 @@ class JoinStage(StreamStage):
         if not key:
             self.dead_letter(record, slot, ErrorClass.MISSING_CORRELATION_ID, "a join needs the correlation ID as key")
             return
+        tp = TopicPartition(record.topic, record.partition)
+        self._event_time[tp] = record.timestamp
+        self._last_offset[tp] = record.offset
         state = self._states.get(key)
         if state is None:
+            # The window runs in event time, from the first branch's record timestamp.
             state = self._states[key] = JoinState(
-                first_ms=int(time.time() * 1000), partition=record.partition, headers=list(record.headers or ())
+                first_ms=record.timestamp, partition=record.partition, headers=list(record.headers or ())
             )
         if state.done or branch in state.branches:
             self.outbox.complete(slot, ())  # late, or a replay of what is already joined
@@ -153,12 +182,18 @@ class JoinStage(StreamStage):
                 merged = self._merged(key, state, status=status)
             except BadRequest as bad:
                 self.dead_letter(record, slot, bad.error_class, bad.reason)
-                state.done = True
+                self._retire(key, state)
                 return
-            state.done = True
+            self._retire(key, state)
             self.outbox.complete(slot, (merged, self._checkpoint(key, state, state.partition)))
         else:
             self.outbox.complete(slot, (self._checkpoint(key, state, state.partition),))
+
+    def _retire(self, key: bytes, state: JoinState) -> None:
+        """The join is done: keep a small marker (no payloads) so late arrivals are dropped."""
+        state.done = True
+        state.branches = {}
+        self._retiring[key] = int(time.time() * 1000) + self.retention_ms
 
     def _merged(self, key: bytes, state: JoinState, *, status: str | None = None) -> OutRecord:
         """One message with the union of the branches' tensors (branch order decides ties).
@@ -218,24 +253,61 @@ class JoinStage(StreamStage):
     def next_tick_s(self) -> float:
         return 0.05
 
+    def _watermark(self, partition: int) -> int:
+        """Event time every branch of ``partition`` has reached.
+
+        A branch partition with nothing left to read is at "now": nothing older
+        can still arrive from it. One with a backlog is at its last handled
+        record's timestamp, so a join does not expire merely because this worker
+        reads one branch ahead of the other. Right after an assignment, a branch
+        partition nothing was read from yet counts as behind for one window.
+        """
+        now_ms = int(time.time() * 1000)
+        marks = []
+        for topic in self.node.input_topics:
+            tp = TopicPartition(topic, partition)
+            behind = self._backlog(tp, now_ms)
+            marks.append(now_ms if not behind else self._event_time.get(tp, 0))
+        return min(marks)
+
+    def _backlog(self, tp: TopicPartition, now_ms: int) -> bool:
+        consumer = self._consumer
+        high = consumer.highwater(tp) if consumer is not None else None
+        last = self._last_offset.get(tp)
+        if last is None:
+            return now_ms - self._assigned_at.get(tp, 0) < self.node.window_ms
+        return high is not None and high > last + 1
+
     async def tick(self) -> None:
         now = time.monotonic()
-        if now - self._last_sweep < 0.05:
+        if now - self._last_sweep < 0.2:
             return
         self._last_sweep = now
-        wall_ms = int(time.time() * 1000)
+        watermarks: dict[int, int] = {}
+        sent: list[asyncio.Future[object]] = []
         for key, state in list(self._states.items()):
-            age = wall_ms - state.first_ms
-            if not state.done and age >= self.node.window_ms:
-                await self._expire(key, state)
-            elif state.done and age >= self.node.window_ms + self.retention_ms:
-                await self._produce_direct(self._checkpoint(key, None, state.partition))
-                del self._states[key]
+            if state.done:
+                continue
+            mark = watermarks.get(state.partition)
+            if mark is None:
+                mark = watermarks[state.partition] = self._watermark(state.partition)
+            if mark - state.first_ms >= self.node.window_ms:
+                sent += await self._expire(key, state)
+        wall_ms = int(time.time() * 1000)
+        while self._retiring:
+            key, deadline = next(iter(self._retiring.items()))
+            if deadline > wall_ms:
+                break
+            del self._retiring[key]
+            state = self._states.pop(key, None)
+            if state is not None:
+                sent.append(await self._enqueue(self._checkpoint(key, None, state.partition)))
+        if sent:
+            await asyncio.gather(*sent)  # all enqueued first: one round trip, not one per join
 
-    async def _expire(self, key: bytes, state: JoinState) -> None:
-        """The window closed before every branch arrived."""
+    async def _expire(self, key: bytes, state: JoinState) -> list[asyncio.Future[object]]:
+        """The window closed before every branch arrived: outer emits what it has, inner dead-letters."""
         missing = [b for b in self.node.branches if b not in state.branches]
-        state.done = True
         if self.node.mode == "outer":
             out = self._merged(key, state, status="partial")
         else:
@@ -255,14 +327,16 @@ class JoinStage(StreamStage):
                 dead_letter=True,
                 error_class=ErrorClass.DEADLINE_EXCEEDED.value,
             )
-        await self._produce_direct(out)
+        self._retire(key, state)
+        futures = [await self._enqueue(out), await self._enqueue(self._checkpoint(key, state, state.partition))]
         self._acknowledged(out)
-        await self._produce_direct(self._checkpoint(key, state, state.partition))
+        return futures
 
-    async def _produce_direct(self, out: OutRecord) -> None:
-        """Outputs no input record owns (window expiry): sent and awaited before state moves on."""
+    async def _enqueue(self, out: OutRecord) -> asyncio.Future[object]:
+        """Outputs no input record owns (window expiry, retired markers): handed to the
+        producer here, awaited together at the end of the sweep."""
         assert self._producer is not None
-        await self._producer.send_and_wait(
+        fut: asyncio.Future[object] = await self._producer.send(
             out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
         )
-
+        return fut
