@@ -1,0 +1,297 @@
+"""Where a stateless stage's CPU goes, per record: each step of its hot path timed alone.
+
+    .venv/bin/python -m benchmarks.stage_costs [--requests N]
+
+Starts the embedded stack (Kafka for the client steps, Triton for the model's
+metadata and the batched calls) and times, with ``time.process_time`` (CPU of
+this process only, so Triton's and the broker's own work is excluded), the
+functions the stage really calls for one ``dense_classifier`` request, in the
+order it calls them. The sum is compared with the stage's measured CPU per
+request in ``benchmarks.stateless`` (``worker_cpu_us_per_request`` in --json).
+
+Not a substitute for profiling the running stage (``benchmarks.stateless
+--profile DIR``): it isolates each step, so interactions (cache, event-loop
+scheduling) are not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.common import create_topics, make_requests, produce_all
+from pipeline.contract.records import result_headers
+from pipeline.contract.request import decode_request
+from pipeline.contract.response import encode_response
+from pipeline.embedded.stack import EmbeddedStack
+from pipeline.kafka.clients import make_consumer, make_producer
+from pipeline.kafka.ordering import OrderedOffsets
+from pipeline.kafka.outbox import OutRecord
+from pipeline.observability.metrics import PipelineMetrics
+from workers.batching import DynamicBatcher
+from workers.triton_backend import TritonModelBackend
+
+MODEL = "dense_classifier"
+console = Console(width=max(Console().width, 110))
+
+
+def per_call_us(fn: Callable[[int], Any], n: int) -> float:
+    started = time.process_time()
+    for i in range(n):
+        fn(i)
+    return (time.process_time() - started) / n * 1e6
+
+
+async def gather_overhead_us(n: int, pending: int = 4096) -> float:
+    """What wrapping each delivery future in ``asyncio.gather`` (plus a callback) adds, per future.
+
+    In rounds of ``pending`` futures (the stage's default max_pending_requests), so the
+    garbage collector sees about as many live objects as in the stage.
+    """
+    loop = asyncio.get_running_loop()
+
+    async def run(wrap: bool) -> float:
+        used = 0.0
+        for _ in range(max(1, n // pending)):
+            futures = [loop.create_future() for _ in range(pending)]
+            started = time.process_time()
+            for future in futures:
+                target = asyncio.gather(future) if wrap else future
+                target.add_done_callback(lambda f: None)
+            for future in futures:
+                future.set_result(None)
+            for _ in range(3):  # let the chained callbacks run
+                await asyncio.sleep(0)
+            used += time.process_time() - started
+        return used / (max(1, n // pending) * pending) * 1e6
+
+    diffs = []
+    for _ in range(3):
+        diffs.append(await run(True) - await run(False))
+    return max(0.0, min(diffs))
+
+
+async def send_batch_us(producer: Any, topic: str, records: list[Any]) -> float:
+    """CPU per record when records are appended to one batch per partition (one future per batch)."""
+    partitioner = DefaultPartitioner()
+    partitions = sorted(await producer.partitions_for(topic))
+    started = time.process_time()
+    by_partition: dict[int, list[Any]] = {}
+    for r in records:
+        by_partition.setdefault(partitioner(r.key, partitions, partitions), []).append(r)
+    futures = []
+    for partition, items in by_partition.items():
+        i = 0
+        while i < len(items):
+            batch = producer.create_batch()
+            while i < len(items):
+                r = items[i]
+                if (
+                    batch.append(key=r.key, value=r.value, timestamp=None, headers=r.headers)
+                    is None
+                ):
+                    break  # full: send it, start another
+                i += 1
+            batch.close()
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+    await asyncio.gather(*futures)
+    return (time.process_time() - started) / len(records) * 1e6
+
+
+Rows = list[tuple[str, str, float]]
+
+
+async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
+    stack = EmbeddedStack()
+    rows: list[tuple[str, str, float]] = []
+    alternatives: list[tuple[str, str, float]] = []
+    try:
+        endpoints = stack.start()
+        kafka = endpoints.kafka
+        records = make_requests(n, "cost-t")
+        consumed = [
+            ConsumerRecord("in", 0, i, int(time.time() * 1000), 0, r.key, r.value, None, len(r.key or b""),
+                           len(r.value), r.headers)
+            for i, r in enumerate(records)
+        ]  # fmt: skip
+        backend = TritonModelBackend(endpoints.triton, MODEL)
+        await backend.setup()
+        requests = [decode_request(r.value, list(r.headers)) for r in consumed]
+
+        def add(what: str, where: str, us: float) -> None:
+            rows.append((what, where, us))
+
+        # --- consume side -------------------------------------------------------------
+        await create_topics(kafka, ["cost.in", "cost.out"])
+        await produce_all(kafka, "cost.in", records)
+        consumer = make_consumer(kafka, group_id=None)
+        await consumer.start()
+        consumer.assign([TopicPartition("cost.in", p) for p in range(4)])
+        await consumer.seek_to_beginning()
+        got, started = 0, time.process_time()
+        while got < n:
+            batch_records = await consumer.getmany(timeout_ms=500, max_records=1000)
+            got += sum(len(v) for v in batch_records.values())
+        add(
+            "aiokafka getmany (fetch + unpack)",
+            "workers/base.py _consume",
+            (time.process_time() - started) / n * 1e6,
+        )
+        await consumer.stop()
+
+        offsets: OrderedOffsets[Any] = OrderedOffsets()
+        tp = TopicPartition("in", 0)
+        add(
+            "outbox.track (slot)",
+            "pipeline/kafka/ordering.py add",
+            per_call_us(lambda i: offsets.add(tp, i), n),
+        )
+        metrics = PipelineMetrics()
+        add(
+            "metrics: requests.labels(stage).inc()",
+            "workers/base.py _consume",
+            per_call_us(lambda i: metrics.requests.labels("s").inc(), n),
+        )
+
+        # --- handle -------------------------------------------------------------------
+        add(
+            "decode_request (protobuf parse + checks)",
+            "workers/stateless.py handle",
+            per_call_us(lambda i: decode_request(consumed[i].value, list(consumed[i].headers)), n),
+        )
+        add("backend.check (validate inputs/outputs)", "workers/triton_backend.py check",
+            per_call_us(lambda i: backend.check(requests[i]), n))  # fmt: skip
+        batcher: DynamicBatcher[Any] = DynamicBatcher(batch, 0.005)
+
+        def batching(i: int) -> None:
+            request = requests[i]
+            rows_ = backend.rows(request)
+            batcher.add(backend.batch_key(request), (request, time.monotonic()), rows_)
+
+        add(
+            "rows + batch_key + batcher.add",
+            "workers/stateless.py handle",
+            per_call_us(batching, n),
+        )
+
+        # --- the batched Triton call, per row ---------------------------------------------
+        calls = max(1, n // batch)
+        started = time.process_time()
+        outputs: list[Any] = []
+        for c in range(calls):
+            out = await backend.run(requests[c * batch : (c + 1) * batch])
+            outputs.extend(out.outputs)
+        add(f"backend.run ({batch} rows/call: concat, gRPC, split), per row", "workers/triton_backend.py run",
+            (time.process_time() - started) / (calls * batch) * 1e6)  # fmt: skip
+        model_version = out.model_version
+
+        # --- _succeed -----------------------------------------------------------------
+        m = len(outputs)
+        add(
+            "encode_response",
+            "workers/stateless.py _succeed",
+            per_call_us(
+                lambda i: encode_response(
+                    requests[i], outputs[i], model_name=MODEL, model_version=model_version
+                ),
+                m,
+            ),
+        )
+        add(
+            "result_headers",
+            "workers/stateless.py _succeed",
+            per_call_us(
+                lambda i: result_headers(
+                    list(consumed[i].headers),
+                    correlation_id=requests[i].correlation_id,
+                    stage="s",
+                    model_name=MODEL,
+                    model_version=model_version,
+                    content_type="application/vnd.oip.v2.infer-response+protobuf",
+                ),
+                m,
+            ),
+        )
+        add(
+            "OutRecord(...) + slot.output",
+            "workers/stateless.py _succeed",
+            per_call_us(lambda i: OutRecord("out", consumed[i].key, consumed[i].value, []), m),
+        )
+        add(
+            "metrics per batch (queue_delay per row, batch_size, latency)",
+            "workers/stateless.py _call",
+            per_call_us(lambda i: metrics.queue_delay.labels("s").observe(0.001), m),
+        )
+
+        # --- emission -----------------------------------------------------------------
+        producer = make_producer(kafka)
+        await producer.start()
+        try:
+            started = time.process_time()
+            futures = [
+                await producer.send("cost.out", r.value, key=r.key, headers=r.headers)
+                for r in records
+            ]
+            await asyncio.gather(*futures)
+            add("aiokafka send + delivery (one future per record)", "pipeline/kafka/outbox.py _send",
+                (time.process_time() - started) / n * 1e6)  # fmt: skip
+            add(
+                "asyncio.gather(*sent) + done callback per slot",
+                "pipeline/kafka/outbox.py emit_ready",
+                await gather_overhead_us(n),
+            )
+            alternatives.append(
+                (
+                    "instead of the two rows above: create_batch/send_batch per partition",
+                    "aiokafka batch API",
+                    await send_batch_us(producer, "cost.out", records),
+                )
+            )
+        finally:
+            await producer.stop()
+
+        def acked(i: int) -> None:
+            metrics.results.labels("s").inc()
+            metrics.end_to_end.labels("s").observe(0.01)
+
+        add(
+            "metrics on ack (results + end_to_end)",
+            "workers/base.py _acknowledged",
+            per_call_us(acked, n),
+        )
+        await backend.close()
+    finally:
+        stack.stop()
+    return rows, alternatives
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.stage_costs", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args(argv)
+    rows, alternatives = asyncio.run(measure(args.requests, args.batch))
+    table = Table(title=f"CPU per record in this process ({args.requests:,} records, {MODEL})")
+    table.add_column("step")
+    table.add_column("where")
+    table.add_column("µs", justify="right")
+    for what, where, us in rows:
+        table.add_row(what, where, f"{us:.1f}")
+    table.add_row("[bold]sum[/]", "", f"[bold]{sum(us for _, _, us in rows):.1f}[/]")
+    for what, where, us in alternatives:
+        table.add_row(f"[dim]{what}[/]", f"[dim]{where}[/]", f"[dim]{us:.1f}[/]")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
