@@ -166,6 +166,32 @@ class StreamStage(abc.ABC):
         )
         log.info("%s: dead letter %s@%d: %s: %s", self.io.stage, record.topic, record.offset, error.value, reason)
 
+    @staticmethod
+    def state_record(topic: str, key: bytes, value: bytes | None, partition: int) -> OutRecord:
+        """A state checkpoint (``None``: deletion) for a compacted changelog: into the input
+        record's partition number, sent only after the outputs before it are acknowledged."""
+        return OutRecord(
+            topic=topic,
+            key=key,
+            value=value,
+            headers=[],
+            partition=partition,
+            after_acks=True,
+            counts_as_result=False,
+        )
+
+    async def enqueue_unowned(self, out: OutRecord) -> asyncio.Future[object]:
+        """Hand the producer an output no input record owns (an expiry, an idle close, a
+        retired state); await the returned future (several together, where possible)."""
+        assert self._producer is not None
+        fut: asyncio.Future[object] = await self._producer.send(
+            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
+        )
+        return fut
+
+    async def produce_unowned(self, out: OutRecord) -> None:
+        await (await self.enqueue_unowned(out))
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         await self.setup()

@@ -39,7 +39,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.contract.errors import BadRequest, ErrorClass, one_line
 from pipeline.contract.records import dead_letter_headers, result_headers
-from pipeline.contract.request import InferenceRequest, decode_request, encode_request
+from pipeline.contract.request import InferenceRequest, decode_request, forward_request
 from pipeline.contract.response import encode_response
 from pipeline.kafka.changelog import read_changelog
 from pipeline.kafka.ordering import Slot
@@ -145,15 +145,7 @@ class JoinStage(StreamStage):
                 del table[tp]
 
     def _checkpoint(self, key: bytes, state: JoinState | None, partition: int) -> OutRecord:
-        return OutRecord(
-            topic=self.state_topic,
-            key=key,
-            value=state.encode() if state is not None else None,
-            headers=[],
-            partition=partition,
-            after_acks=True,
-            counts_as_result=False,
-        )
+        return self.state_record(self.state_topic, key, state.encode() if state is not None else None, partition)
 
     # ------------------------------------------------------------------ arrivals
     async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
@@ -228,17 +220,7 @@ class JoinStage(StreamStage):
                 first, tensors, model_name=self.node.name, model_version="", parameters=parameters
             )
         else:
-            built = encode_request(
-                tensors,
-                datatypes=datatypes,
-                correlation_id=first.correlation_id,
-                form=first.form,
-                parameters=parameters,
-                sequence_id=first.sequence_id,
-                sequence_start=first.sequence_start,
-                sequence_end=first.sequence_end,
-            )
-            value, content_type = built.value, first.form.request_content_type
+            value, content_type = forward_request(first, tensors, datatypes, parameters=parameters)
         headers = result_headers(
             state.headers,
             correlation_id=first.correlation_id,
@@ -301,7 +283,7 @@ class JoinStage(StreamStage):
             del self._retiring[key]
             state = self._states.pop(key, None)
             if state is not None:
-                sent.append(await self._enqueue(self._checkpoint(key, None, state.partition)))
+                sent.append(await self.enqueue_unowned(self._checkpoint(key, None, state.partition)))
         if sent:
             await asyncio.gather(*sent)  # all enqueued first: one round trip, not one per join
 
@@ -328,15 +310,6 @@ class JoinStage(StreamStage):
                 error_class=ErrorClass.DEADLINE_EXCEEDED.value,
             )
         self._retire(key, state)
-        futures = [await self._enqueue(out), await self._enqueue(self._checkpoint(key, state, state.partition))]
+        futures = [await self.enqueue_unowned(out), await self.enqueue_unowned(self._checkpoint(key, state, state.partition))]
         self._acknowledged(out)
         return futures
-
-    async def _enqueue(self, out: OutRecord) -> asyncio.Future[object]:
-        """Outputs no input record owns (window expiry, retired markers): handed to the
-        producer here, awaited together at the end of the sweep."""
-        assert self._producer is not None
-        fut: asyncio.Future[object] = await self._producer.send(
-            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
-        )
-        return fut

@@ -449,15 +449,7 @@ class SequenceStage(StreamStage):
         )
 
     def _checkpoint(self, partition: int, state: StreamState) -> OutRecord:
-        return OutRecord(
-            topic=self.state_topic,
-            key=state.key.encode(),
-            value=encode_checkpoint(state),
-            headers=[],
-            partition=partition,
-            after_acks=True,
-            counts_as_result=False,
-        )
+        return self.state_record(self.state_topic, state.key.encode(), encode_checkpoint(state), partition)
 
     # ------------------------------------------------------------------ time
     def next_tick_s(self) -> float:
@@ -482,7 +474,9 @@ class SequenceStage(StreamStage):
             if busy or stream.waiting or state is None:
                 continue
             if state.ended and stream.ended_at and now - stream.ended_at > self.config.ended_retention_s:
-                await self._produce_direct(self._tombstone(stream, state))
+                await self.produce_unowned(
+                    self.state_record(self.state_topic, state.key.encode(), None, stream.partition.partition)
+                )
                 self._streams.pop(stream.key, None)
                 self._states.pop(stream.key, None)
             elif not state.ended and now - stream.last_activity > self.idle_timeout_s:
@@ -499,20 +493,8 @@ class SequenceStage(StreamStage):
             records.append(self._summary(stream.origin, state, "idle"))
         records.append(self._checkpoint(stream.partition.partition, state))
         for out in records:
-            await self._produce_direct(out)
+            await self.produce_unowned(out)
         self.metrics.idle_closed.labels(self.io.stage).inc()
-
-    def _tombstone(self, stream: _Stream, state: StreamState) -> OutRecord:
-        return OutRecord(
-            topic=self.state_topic, key=state.key.encode(), value=None, headers=[],
-            partition=stream.partition.partition, counts_as_result=False,
-        )
-
-    async def _produce_direct(self, out: OutRecord) -> None:
-        assert self._producer is not None
-        await self._producer.send_and_wait(
-            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
-        )
 
     async def release(self, partitions: list[TopicPartition] | None = None) -> None:
         """Finish the chunks being applied; chunks waiting for a gap are left to be replayed."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.records import result_headers
-from pipeline.contract.request import InferenceRequest, decode_request, encode_request
+from pipeline.contract.request import InferenceRequest, decode_request, forward_request
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import OutRecord, Outputs
@@ -312,7 +312,7 @@ class BatchingStage(StreamStage):
         try:
             tensors, datatypes = self.routing.from_model(item.message, outputs)
             if self.io.emit_requests:
-                value, content_type = self._next_request(item.message, tensors, datatypes)
+                value, content_type = forward_request(item.message, tensors, datatypes)
             else:
                 value, content_type = encode_response(
                     item.message, tensors, model_name=model, model_version=version, parameters=item.message.parameters
@@ -338,23 +338,6 @@ class BatchingStage(StreamStage):
                 request_timestamp_ms=item.record.timestamp,
             ),
         )
-
-    @staticmethod
-    def _next_request(
-        request: InferenceRequest, tensors: dict[str, np.ndarray], datatypes: dict[str, str]
-    ) -> tuple[bytes, str]:
-        """The next stage's request: these tensors as its inputs, the request's identity kept."""
-        record = encode_request(
-            tensors,
-            datatypes=datatypes,
-            correlation_id=request.correlation_id,
-            form=request.form,
-            parameters=request.parameters,
-            sequence_id=request.sequence_id,
-            sequence_start=request.sequence_start,
-            sequence_end=request.sequence_end,
-        )
-        return record.value, request.form.request_content_type
 
     def _fail(self, item: _Pending, error_class: ErrorClass, reason: str) -> None:
         self.dead_letter(item.record, item.slot, error_class, reason)

@@ -44,9 +44,9 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from pipeline.contract.errors import BadRequest, ErrorClass
+from pipeline.contract.errors import ErrorClass
 from pipeline.contract.request import InferenceRequest
-from pipeline.contract.validation import validate_inputs, validate_outputs
+from pipeline.contract.validation import validate_inputs, validate_model, validate_outputs
 from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
 from workers.stateless import BatchOutput, Failure, FailureKind
@@ -105,15 +105,7 @@ class TritonModelBackend:
     def check(self, request: InferenceRequest) -> None:
         """Model, version, tensor names, datatypes and shapes against the model's metadata."""
         assert self.description is not None
-        if request.model_name and request.model_name != self.model:
-            raise BadRequest(
-                ErrorClass.UNKNOWN_MODEL, f"request names model {request.model_name!r}; stage serves {self.model!r}"
-            )
-        if request.model_version and self.model_version and request.model_version != self.model_version:
-            raise BadRequest(
-                ErrorClass.MODEL_VERSION_MISMATCH,
-                f"request asks version {request.model_version}; stage pins version {self.model_version}",
-            )
+        validate_model(request, model_name=self.model, model_version=self.model_version)
         validate_inputs(request, self.description.inputs, max_batch_size=self.description.max_batch_size)
         validate_outputs(request, self.description.outputs)
 

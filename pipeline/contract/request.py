@@ -226,6 +226,28 @@ def encode_request(
     )
 
 
+def forward_request(
+    request: InferenceRequest,
+    tensors: Mapping[str, Any],
+    datatypes: Mapping[str, str],
+    *,
+    parameters: Mapping[str, ParamValue] | None = None,
+) -> tuple[bytes, str]:
+    """The next stage's request: ``tensors`` as its inputs, ``request``'s identity, wire
+    form and sequence flags kept. Returns ``(value, content_type)``."""
+    record = encode_request(
+        tensors,
+        datatypes=datatypes,
+        correlation_id=request.correlation_id,
+        form=request.form,
+        parameters=request.parameters if parameters is None else parameters,
+        sequence_id=request.sequence_id,
+        sequence_start=request.sequence_start,
+        sequence_end=request.sequence_end,
+    )
+    return record.value, request.form.request_content_type
+
+
 def _as_array(values: Any) -> np.ndarray:
     """``np.asarray``, except that Python bytes become an object array: numpy's ``S``
     dtype would silently strip trailing NUL bytes from BYTES elements."""

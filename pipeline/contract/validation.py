@@ -40,16 +40,17 @@ def kserve_datatype(name: str) -> str:
 
 
 def validate_model(request: InferenceRequest, *, model_name: str, model_version: str) -> None:
-    """A request that names a model must name the stage's; empty names defer to the stage."""
+    """A request that names a model must name the stage's; empty names defer to the stage.
+    A stage that follows the latest version (``model_version`` empty) accepts any."""
     if request.model_name and request.model_name != model_name:
         raise BadRequest(
             ErrorClass.UNKNOWN_MODEL,
             f"request is for model {request.model_name!r}, stage serves {model_name!r}",
         )
-    if request.model_version and request.model_version != model_version:
+    if request.model_version and model_version and request.model_version != model_version:
         raise BadRequest(
             ErrorClass.MODEL_VERSION_MISMATCH,
-            f"request is for version {request.model_version!r} of {model_name!r}, stage serves {model_version!r}",
+            f"request asks version {request.model_version} of {model_name!r}; stage pins version {model_version}",
         )
 
 

@@ -72,17 +72,8 @@ def build_stages(
             emit_requests=output_topic != topology.result_topic,
         )
         if isinstance(config, StatelessStageConfig):
-            stages.append(
-                BatchingStage(
-                    io,
-                    TritonModelBackend(endpoints.triton, config.model, config.model_version),
-                    _batching_settings(config),
-                    kafka=endpoints.kafka,
-                    metrics=metrics,
-                    warmup=config.warmup,
-                    routing=TensorRouting(config.input_map, config.output_map),
-                )
-            )
+            routing = TensorRouting(config.input_map, config.output_map)
+            stages.append(_triton_stage(io, config, routing, endpoints, metrics))
         elif isinstance(config, DaliStageConfig):
             stages.append(
                 BatchingStage(
@@ -137,22 +128,13 @@ def _graph_stages(
             max_pending=config.batching.max_pending_requests,
             emit_requests=not node.to_result,
         )
-        stages.append(
-            BatchingStage(
-                io,
-                TritonModelBackend(endpoints.triton, config.model, config.model_version),
-                _batching_settings(config),
-                kafka=endpoints.kafka,
-                metrics=metrics,
-                warmup=config.warmup,
-                routing=TensorRouting(
-                    config.input_map,
-                    config.output_map,
-                    carry=True,
-                    select=topology.outputs if node.to_result else None,
-                ),
-            )
+        routing = TensorRouting(
+            config.input_map,
+            config.output_map,
+            carry=True,
+            select=topology.outputs if node.to_result else None,
         )
+        stages.append(_triton_stage(io, config, routing, endpoints, metrics))
     for name, join in graph.joins.items():
         if only and name not in only:
             continue
@@ -176,6 +158,25 @@ def _graph_stages(
             )
         )
     return stages
+
+
+def _triton_stage(
+    io: StageIO,
+    config: StatelessStageConfig,
+    routing: TensorRouting,
+    endpoints: Endpoints,
+    metrics: PipelineMetrics,
+) -> BatchingStage:
+    """A stateless stage batching into its Triton model (chains and graph steps alike)."""
+    return BatchingStage(
+        io,
+        TritonModelBackend(endpoints.triton, config.model, config.model_version),
+        _batching_settings(config),
+        kafka=endpoints.kafka,
+        metrics=metrics,
+        warmup=config.warmup,
+        routing=routing,
+    )
 
 
 def _check_selection(topology: Topology, names: list[str], only: Sequence[str]) -> None:
