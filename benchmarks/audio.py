@@ -54,15 +54,11 @@ headline is its streaming-chunk workload (chunks-22k), the others are listed.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import re
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -73,9 +69,8 @@ from typing import Any, ClassVar
 import numpy as np
 import yaml
 from rich import box
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import cli, report
 from benchmarks.common import (
     BenchmarkFailure,
     CaseResult,
@@ -85,16 +80,15 @@ from benchmarks.common import (
     WorkerStartError,
     create_topics,
     latency_summary,
-    machine_info,
-    package_versions,
     produce_all,
     produce_at_rate,
     read_topic,
-    tansu_version,
 )
+from benchmarks.harness import StackBenchmark, StackUp, embedded_stack, finish
+from benchmarks.metrics import scrape, worker_metrics_url
+from benchmarks.profiling import PySpy, summarize_profile_lines
+from benchmarks.report import fmt, verdict
 from pipeline.contract.records import Record
-from pipeline.embedded.stack import EmbeddedStack
-from pipeline.settings import Endpoints
 from pipeline.topology.loader import load_topology
 from tests.helpers.kafka_io import header
 from tests.helpers.streams import gather, stream_records, utterance
@@ -118,8 +112,9 @@ TARGET_DALI_VS_SCIPY = 2.0
 HEADLINE_WORKLOAD = "chunks-22k"  # audio_preprocess's streaming-chunk workload
 PROBABILITY_ATOL = 1e-5
 DIRECT_ROUNDS = 3
+PACKAGES = ("nvidia-dali-cuda120", "tritonclient", "grpcio", "aiokafka", "numpy")
 
-console = Console(width=max(Console().width, 150))
+console = report.wide_console(150)
 
 
 @dataclass(frozen=True)
@@ -203,18 +198,13 @@ class TritonStats:
     def _read(self) -> dict[str, float]:
         if not self.url:
             return {}
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(self.url, timeout=5) as response:
-            text = response.read().decode()
         values: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = self.NAMES.get(sample.name.removesuffix("_total"))  # the parser adds _total
-                if name is not None and sample.labels.get("model") == MODEL:
-                    values[name] = values.get(name, 0.0) + sample.value
+        # The parser adds _total to the counters' names.
+        scraped = scrape(self.url, lambda n: n.removesuffix("_total") in self.NAMES, label="model")
+        for (name, model), value in scraped.items():
+            if model == MODEL:
+                key = self.NAMES[name.removesuffix("_total")]
+                values[key] = values.get(key, 0.0) + value
         return values
 
     def start(self) -> None:
@@ -256,31 +246,18 @@ class StageSampler:
     """
 
     def __init__(self, process: WorkerProcess, interval_s: float = 0.25) -> None:
-        ports = re.findall(
-            r"metrics on http://127\.0\.0\.1:(\d+)/metrics",
-            process.log_path.read_text(errors="replace"),
-        )
-        self.url = f"http://127.0.0.1:{ports[-1]}/metrics" if ports else None
+        self.url = worker_metrics_url(process)
         self.interval_s = interval_s
         self.samples: list[dict[str, float]] = []
         self._task: asyncio.Task[None] | None = None
 
     def _scrape(self) -> dict[str, float]:
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-
         assert self.url is not None
-        with urllib.request.urlopen(self.url, timeout=2) as response:
-            text = response.read().decode()
-        out: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in ("pipeline_pending_requests", "pipeline_consumer_paused"):
-                    out[f"{sample.name.removeprefix('pipeline_')}:{sample.labels.get('stage')}"] = (
-                        sample.value
-                    )
-        return out
+        wanted = ("pipeline_pending_requests", "pipeline_consumer_paused")
+        scraped = scrape(self.url, lambda name: name in wanted, timeout=2)
+        return {
+            f"{name.removeprefix('pipeline_')}:{stage}": v for (name, stage), v in scraped.items()
+        }
 
     async def _run(self) -> None:
         while True:
@@ -311,19 +288,12 @@ class StageSampler:
 
 
 # --------------------------------------------------------------------------- the benchmark
-class Benchmark:
-    def __init__(
-        self, config: Config, endpoints: Endpoints, log_dir: Path, services: dict[str, int]
-    ) -> None:
-        self.config = config
-        self.endpoints = endpoints
-        self.kafka = endpoints.kafka
-        self.log_dir = log_dir
-        self.services = services  # process groups of the stack (CPU accounting)
-        self.triton_stats = TritonStats(endpoints.triton.metrics_url)
+class Benchmark(StackBenchmark[Config]):
+    def __init__(self, config: Config, up: StackUp) -> None:
+        super().__init__(config, up)
+        self.triton_stats = TritonStats(up.endpoints.triton.metrics_url)
         # The `pipeline` CLI the Kafka cases run (a what-if runner can stand in for it).
         self.worker_command = [sys.executable, "-m", "pipeline"]
-        self.run_id = f"{int(time.time()) % 1_000_000:06d}{secrets.token_hex(2)}"
         self.throughput_streams = StreamSet.make(
             f"tp-{self.run_id}", config.streams, config.seconds
         )
@@ -332,13 +302,14 @@ class Benchmark:
 
     # ------------------------------------------------------------------ (a)
     async def direct_triton(self) -> CaseResult:
-        import tritonclient.grpc.aio as triton_aio
         from tritonclient.grpc import InferInput, InferRequestedOutput
+
+        from pipeline.triton.client import aio_client
 
         cfg = self.config
         result = CaseResult("a", CASES["a"], unit="chunks/s")
         assert self.endpoints.triton.grpc_url
-        client = triton_aio.InferenceServerClient(self.endpoints.triton.grpc_url)
+        client = aio_client(self.endpoints.triton)
         outputs = [InferRequestedOutput(name) for name in OUTPUTS]
         base_id = secrets.randbits(40) << 16  # unique sequence IDs per run (uint64 CORRID)
 
@@ -497,7 +468,7 @@ class Benchmark:
                 # The throughput audio under this case's own stream keys.
                 streams = StreamSet.make(f"tp-{tag}", cfg.streams, cfg.seconds)
                 backlog = streams.interleaved()
-                spy = self.start_profiler(key, process)
+                spy = PySpy.start(cfg.profile_dir, process.pid, f"{key}-throughput.txt", rate=200)
                 process.freeze()
                 try:
                     result.extra["produce_s"] = round(
@@ -516,7 +487,7 @@ class Benchmark:
                 result.extra["stage_samples"] = await sampler.stop()
                 result.extra["triton"] = self.triton_stats.stop()
                 if spy is not None:
-                    result.extra["profile"] = stop_profiler(*spy)
+                    result.extra["profile"] = spy.stop(summarize_profile_lines)
                 mine = [
                     r
                     for r in results.records
@@ -688,91 +659,6 @@ class Benchmark:
                     )
         return sent_at
 
-    # ------------------------------------------------------------------ profiling
-    def start_profiler(
-        self, key: str, process: WorkerProcess
-    ) -> tuple[subprocess.Popen[bytes], Path] | None:
-        """``--profile DIR``: py-spy (raw collapsed stacks, line numbers kept) on the worker's throughput phase."""
-        if self.config.profile_dir is None:
-            return None
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        if not Path(spy).exists():
-            raise BenchmarkFailure("--profile needs py-spy: .venv/bin/pip install py-spy")
-        self.config.profile_dir.mkdir(parents=True, exist_ok=True)
-        out = self.config.profile_dir / f"{key}-throughput.txt"
-        proc = subprocess.Popen(
-            [
-                spy,
-                "record",
-                "--pid",
-                str(process.pid),
-                "--rate",
-                "200",
-                "--nonblocking",
-                "--format",
-                "raw",
-                "--output",
-                str(out),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(1.0)  # let py-spy attach before the phase starts
-        return proc, out
-
-
-def stop_profiler(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
-    import signal
-
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    return {"collapsed_stacks": str(out), **summarize_profile(out)}
-
-
-def _short(frame: str) -> str:
-    """``fn (/long/path/to/pkg/file.py:12)`` -> ``fn (pkg/file.py:12)``."""
-    return re.sub(r"\((?:.*/)?([^/()]+/[^/()]+\.py(?::\d+)?)\)$", r"(\1)", frame)
-
-
-def summarize_profile(path: Path, top: int = 20) -> dict[str, Any]:
-    """Shares of samples: self time per line, inclusive per function, and per project file:line."""
-    own: dict[str, int] = defaultdict(int)
-    inclusive: dict[str, int] = defaultdict(int)
-    project: dict[str, int] = defaultdict(int)
-    total = 0
-    if not path.exists():
-        return {"samples": 0}
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        frames = [_short(f) for f in stack.split(";")]
-        own[frames[-1]] += n
-        for frame in {re.sub(r":\d+\)$", ")", f) for f in frames}:
-            inclusive[frame] += n
-        for frame in set(frames):
-            if re.search(r"\((workers|pipeline)/", frame):
-                project[frame] += n
-
-    def share(table: dict[str, int]) -> list[tuple[str, float]]:
-        # Frames on (nearly) every stack (the CLI, the event loop) say nothing: left out.
-        ranked = sorted(
-            ((name, n) for name, n in table.items() if n < 0.8 * total), key=lambda kv: -kv[1]
-        )
-        return [(name, round(100 * n / total, 1)) for name, n in ranked[:top]] if total else []
-
-    return {
-        "samples": total,
-        "self_pct": share(own),
-        "inclusive_pct": share(inclusive),
-        "project_lines_inclusive_pct": share(project),
-    }
-
 
 # --------------------------------------------------------------------------- preprocessing
 def run_preprocess(repeats: int, log_dir: Path) -> dict[str, Any]:
@@ -807,16 +693,8 @@ def run_preprocess(repeats: int, log_dir: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
-def _fmt(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
-    def tp(key: str) -> float | None:
-        r = results.get(key)
-        return r.throughput if r is not None and r.error is None else None
-
-    a, b, c = tp("a"), tp("b"), tp("c")
+    a, b, c = (report.throughput_of(results, key) for key in "abc")
     out: dict[str, Any] = {}
     if a and b:
         out["b_over_a"] = b / a
@@ -838,41 +716,23 @@ def print_report(
     m, v = meta["machine"], meta["versions"]
     console.print(
         f"\n[bold]Audio topology benchmark[/]  {m['date']}\n"
-        f"machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, Linux {m['kernel']}, "
-        f"Python {m['python']}, no GPU used (DALI on CPU); broker, Triton, worker and the measuring "
+        f"{report.machine_line(m)}, no GPU used (DALI on CPU); broker, Triton, worker and the measuring "
         f"process share the CPUs (load avg at start {m['loadavg_1m_at_start']})\n"
-        f"versions: Triton {v['triton_server']}, {v['tansu']}, DALI {v['nvidia-dali-cuda120']}, "
-        f"tritonclient {v['tritonclient']}, aiokafka {v['aiokafka']}\n"
+        f"{report.versions_line(v, ('DALI', 'nvidia-dali-cuda120'), 'tritonclient', 'aiokafka')}\n"
         f"workload: {cfg.streams} streams x {cfg.seconds:g} s of 16 kHz speech = {meta['chunks']} chunks of "
         f"{CHUNK} samples (1 chunk = 1 silero_vad frame); {meta['request_bytes']} B per request record",
         soft_wrap=True,
     )
-    table = Table(box=box.MARKDOWN)
-    columns = (
-        "case",
-        "what",
-        "chunks",
-        "window s",
-        "chunks/s",
-        "vs a",
-        "CPU ms/chunk",
-        "Triton CPU %",
-        "Triton batch",
-        "other %",
-        "p50 ms",
-        "p99 ms",
-    )
-    for name in columns:
-        table.add_column(
-            name, justify="left" if name in ("case", "what") else "right", no_wrap=name == "what"
-        )
+    columns: tuple[str, ...] = ("case", "what", "chunks", "window s", "chunks/s", "vs a")
+    columns += ("CPU ms/chunk", "Triton CPU %", "Triton batch", "other %", "p50 ms", "p99 ms")
+    table = report.case_table(columns, no_wrap=("what",), box=box.MARKDOWN)
     a = results.get("a")
     for key in CASES:
         r = results.get(key)
         if r is None:
             continue
         if r.error is not None:
-            table.add_row(key, SHORT[key], _fmt(r.requests or None), "-", "FAILED", *["-"] * 7)
+            table.add_row(key, SHORT[key], fmt(r.requests or None), "-", "FAILED", *["-"] * 7)
             continue
         cpu = r.extra.get("cpu") or {}
         triton = cpu.get("triton_cpu_s")
@@ -881,27 +741,27 @@ def print_report(
         table.add_row(
             key,
             SHORT[key],
-            _fmt(r.requests),
-            _fmt(r.window_s, 2),
-            _fmt(r.throughput),
+            fmt(r.requests),
+            fmt(r.window_s, 2),
+            fmt(r.throughput),
             f"{vs:.2f}" if vs is not None else "-",
-            _fmt(r.extra.get("client_cpu_ms_per_chunk", r.extra.get("worker_cpu_ms_per_chunk")), 2),
-            _fmt(100 * triton / cpu["wall_s"], 0)
+            fmt(r.extra.get("client_cpu_ms_per_chunk", r.extra.get("worker_cpu_ms_per_chunk")), 2),
+            fmt(100 * triton / cpu["wall_s"], 0)
             if triton is not None and cpu.get("wall_s")
             else "-",
-            _fmt(batch, 1),
-            _fmt(100 * cpu["other_cpu_s"] / cpu["wall_s"], 0)
+            fmt(batch, 1),
+            fmt(100 * cpu["other_cpu_s"] / cpu["wall_s"], 0)
             if "other_cpu_s" in cpu and cpu.get("wall_s")
             else "-",
-            _fmt(r.p50_ms, 1),
-            _fmt(r.p99_ms, 1),
+            fmt(r.p50_ms, 1),
+            fmt(r.p99_ms, 1),
         )
     console.print(table)
     lat = next((r for r in results.values() if r.latency_offered_rate), None)
     if lat is not None:
         console.print(
             f"p50/p99: per-chunk latency with {cfg.streams} streams sent in real time "
-            f"({_fmt(lat.latency_offered_rate)} chunks/s, {cfg.latency_seconds:g} s per stream); "
+            f"({fmt(lat.latency_offered_rate)} chunks/s, {cfg.latency_seconds:g} s per stream); "
             "CPU ms/chunk: a = the client (this process), b and c = the `pipeline run` worker.",
             soft_wrap=True,
         )
@@ -915,8 +775,8 @@ def print_report(
         t = r.extra.get("triton") or {}
         cpu = r.extra.get("cpu") or {}
         line = (
-            f"({key}) {r.name}: Triton {_fmt(t.get('request_ms'), 2)} ms per request "
-            f"(queue {_fmt(t.get('queue_ms'), 2)}, infer {_fmt(t.get('infer_ms_per_request'), 2)}); "
+            f"({key}) {r.name}: Triton {fmt(t.get('request_ms'), 2)} ms per request "
+            f"(queue {fmt(t.get('queue_ms'), 2)}, infer {fmt(t.get('infer_ms_per_request'), 2)}); "
             "CPU s in the window: "
             + ", ".join(f"{k.removesuffix('_cpu_s')} {v}" for k, v in cpu.items() if k != "wall_s")
             + f" of {cpu.get('wall_s')} s"
@@ -927,16 +787,13 @@ def print_report(
                 "; stage /metrics: "
                 + ", ".join(f"{k} {v}" for k, v in samples.items() if k != "samples")
                 + f"; first result {r.extra['first_result_after_thaw_s']:.2f} s after the thaw, "
-                f"first->last result {_fmt(r.extra['first_to_last_result_chunks_per_s'])} chunks/s"
+                f"first->last result {fmt(r.extra['first_to_last_result_chunks_per_s'])} chunks/s"
             )
         if r.extra.get("latency_timeline_p50_ms"):
             line += f"; latency p50 per 0.5 s: {r.extra['latency_timeline_p50_ms']}"
         if r.notes:
             line += "; " + "; ".join(r.notes)
         console.print(line, soft_wrap=True)
-
-    def verdict(ok: bool) -> str:
-        return "[green]met[/]" if ok else "[bold red]NOT met[/]"
 
     if "b_over_a" in rat:
         console.print(
@@ -969,18 +826,17 @@ def print_report(
     elif pre:
         console.print(f"[bold red]audio_preprocess: {pre.get('error')}[/]")
     for key in "bc":
-        profile = results[key].extra.get("profile") if key in results else None
-        if profile and profile.get("samples"):
-            console.print(
-                f"\n[bold]({key}) py-spy, throughput phase[/] ({profile['samples']} samples, "
-                f"{profile['collapsed_stacks']})"
-            )
-            for title in ("self_pct", "project_lines_inclusive_pct", "inclusive_pct"):
-                console.print(
-                    f"  {title}: "
-                    + "; ".join(f"{pct}% {name}" for name, pct in profile[title][:14]),
-                    soft_wrap=True,
-                )
+        report.print_profile(
+            console,
+            f"({key}) py-spy, throughput phase",
+            results[key].extra.get("profile") if key in results else None,
+            {
+                title: title
+                for title in ("self_pct", "project_lines_inclusive_pct", "inclusive_pct")
+            },
+            top=14,
+            soft_wrap=True,
+        )
     console.print(
         "throughput: (a) frames / wall time of S concurrent sequences; (b), (c) chunks pre-produced while the "
         "worker is frozen / (thaw -> last summary record's timestamp).\n"
@@ -998,9 +854,7 @@ def print_report(
 
 # =========================================================================== main
 def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.audio", description=__doc__.split("\n\n")[0]
-    )
+    p = cli.parser("audio", __doc__)
     p.add_argument(
         "--streams", type=int, default=16, help="concurrent streams in every case (default 16)"
     )
@@ -1010,19 +864,14 @@ def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
         default=10.0,
         help="seconds of audio per stream in the throughput phase (default 10: 313 chunks)",
     )
-    p.add_argument(
-        "--latency-seconds",
-        type=float,
-        default=4.0,
-        help="seconds of real-time audio per stream in the latency phase (0 = skip it)",
-    )
+    latency_help = "seconds of real-time audio per stream in the latency phase (0 = skip it)"
+    cli.add_shared(p, "--latency-seconds", latency_seconds={"help": latency_help})
     p.add_argument("--warmup-streams", type=int, default=4)
-    p.add_argument("--cases", default="abc", help="which cases to run (default abc)")
-    p.add_argument(
+    cli.add_shared(
+        p,
+        "--cases",
         "--stall-seconds",
-        type=float,
-        default=30.0,
-        help="fail when no result arrives for this long",
+        cases={"default": "abc", "help": "which cases to run (default abc)"},
     )
     p.add_argument(
         "--preprocess-repeats",
@@ -1030,36 +879,18 @@ def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
         default=5,
         help="timed runs per method for benchmarks.audio_preprocess (0 = skip it)",
     )
-    p.add_argument(
+    cli.add_shared(
+        p,
         "--profile",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="record the throughput phase of b and c with py-spy into DIR",
+        "--json",
+        profile={"help": "record the throughput phase of b and c with py-spy into DIR"},
     )
-    p.add_argument("--json", type=Path, default=None, help="write the raw numbers here")
     a = p.parse_args(argv)
-    if not a.cases or not set(a.cases) <= set(CASES):
-        p.error(f"--cases takes letters from {''.join(CASES)}")
+    cases = "".join(cli.select_cases(p, a.cases, CASES))
     if a.streams < 1 or a.seconds <= 0:
         p.error("--streams and --seconds must be positive")
-    return Config(
-        streams=a.streams,
-        seconds=a.seconds,
-        latency_seconds=a.latency_seconds,
-        warmup_streams=max(1, min(a.streams, a.warmup_streams)),
-        cases="".join(k for k in CASES if k in a.cases),
-        stall_seconds=a.stall_seconds,
-        preprocess_repeats=a.preprocess_repeats,
-        profile_dir=a.profile,
-    ), a.json
-
-
-def _triton_version(url: str) -> str:
-    import tritonclient.grpc as triton_grpc
-
-    with triton_grpc.InferenceServerClient(url) as client:
-        return str(client.get_server_metadata().version)
+    warmup_streams = max(1, min(a.streams, a.warmup_streams))
+    return cli.config_from(Config, a, cases=cases, warmup_streams=warmup_streams), a.json
 
 
 async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
@@ -1071,85 +902,39 @@ async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
             results[key] = await (bench.direct_triton() if key == "a" else bench.topology_case(key))
         except BenchmarkFailure as exc:
             results[key] = CaseResult(key, CASES[key], unit="chunks/s", error=f"FAILED: {exc}")
-        r = results[key]
-        console.print(
-            f"    ({key}) done in {time.perf_counter() - started:.1f}s: "
-            + (
-                r.error
-                or f"{_fmt(r.throughput)} chunks/s, p50 {_fmt(r.p50_ms, 1)} ms, p99 {_fmt(r.p99_ms, 1)} ms"
-            )
-        )
+        console.print(report.done_line(key, results[key], started, digits=1))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg, json_path = parse_args(argv)
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-audio-"))
-    started = time.perf_counter()
-    stack = EmbeddedStack(log_dir=log_dir / "stack")
-    results: dict[str, CaseResult] = {}
-    meta: dict[str, Any] = {"machine": machine_info(), "log_dir": str(log_dir)}
-    try:
-        with console.status("starting the embedded stack") as status:
-            endpoints = stack.start(progress=lambda msg: status.update(msg))
-        assert endpoints.triton.grpc_url and endpoints.kafka.bootstrap_servers
-        meta["versions"] = {
-            "triton_server": _triton_version(endpoints.triton.grpc_url),
-            "tansu": tansu_version(),
-            **package_versions(
-                ["nvidia-dali-cuda120", "tritonclient", "grpcio", "aiokafka", "numpy"]
-            ),
-        }
-        console.print(
-            f"stack up: Kafka {endpoints.kafka.bootstrap_servers}, Triton {endpoints.triton.grpc_url}; "
-            f"logs in {log_dir}"
-        )
-        services = {p.name.split("-")[0]: p.pid for p in stack.processes if p.pid is not None}
-        bench = Benchmark(cfg, endpoints, log_dir, services)
-        meta["chunks"] = bench.throughput_streams.chunks
-        meta["request_bytes"] = len(bench.throughput_streams.records[0][1].value or b"")
+    with embedded_stack(console, "audio", PACKAGES) as up:
+        bench = Benchmark(cfg, up)
+        streams = bench.throughput_streams
+        up.meta.update(chunks=streams.chunks, request_bytes=len(streams.records[0][1].value or b""))
         if "a" not in cfg.cases:
             console.print(
                 "[yellow]case a not run: b and c are not checked against direct Triton probabilities[/]"
             )
         results = asyncio.run(run_cases(bench))
-    finally:
-        stack.stop()
     pre = None
     if cfg.preprocess_repeats > 0:
         console.print(
             f"[bold]benchmarks.audio_preprocess[/] --repeats {cfg.preprocess_repeats} (stack stopped) ..."
         )
-        pre = run_preprocess(cfg.preprocess_repeats, log_dir)
+        pre = run_preprocess(cfg.preprocess_repeats, up.log_dir)
         pre["dali_method"] = next(
             (r["method"] for r in pre.get("rows", []) if r["method"].startswith("dali")), "dali"
         )
-    meta["total_seconds"] = time.perf_counter() - started
     rat = ratios(results)
-    print_report(meta, cfg, results, rat, pre)
+    print_report(up.meta, cfg, results, rat, pre)
     failed = [k for k, r in results.items() if r.error is not None]
     if pre is not None and pre.get("exit_code"):
         failed.append("audio_preprocess")
-    if json_path is not None:
-        payload = {
-            "meta": meta,
-            "config": {
-                **cfg.__dict__,
-                "profile_dir": str(cfg.profile_dir) if cfg.profile_dir else None,
-            },
-            "cases": {k: r.as_dict() for k, r in results.items()},
-            "ratios": rat,
-            "targets": {"b_over_a": TARGET_B_OVER_A, "dali_vs_scipy": TARGET_DALI_VS_SCIPY},
-            "audio_preprocess": pre,
-            "failed": failed,
-        }
-        json_path.write_text(json.dumps(payload, indent=2, default=str))
-        console.print(f"raw numbers written to {json_path}")
-    console.print(f"total {meta['total_seconds']:.0f}s")
-    if failed:
-        console.print(f"[bold red]benchmark FAILED: {', '.join(failed)}[/]")
-        return 1
-    return 0
+    targets = {"b_over_a": TARGET_B_OVER_A, "dali_vs_scipy": TARGET_DALI_VS_SCIPY}
+    return finish(
+        console, json_path, up, cfg, results, rat, failed, targets=targets, audio_preprocess=pre
+    )
 
 
 if __name__ == "__main__":

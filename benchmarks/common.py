@@ -1,6 +1,6 @@
 """Shared benchmark plumbing: request records, Kafka helpers, worker processes, CPU, environment.
 
-Used by ``benchmarks.stateless`` (see ``benchmarks/README.md`` for the method):
+Used by every benchmark (see ``benchmarks/README.md`` for the method):
 records are protobuf OIP requests built with the project's own encoder; topics
 have 4 partitions; results are counted cheaply while a worker runs
 (:class:`TopicCounter`) and read back in full afterwards for the checks
@@ -19,7 +19,7 @@ import platform
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -416,7 +416,7 @@ class WorkerProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "250", **(env or {})},
                 cwd=Path(__file__).resolve().parents[1],
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only
+                preexec_fn=_die_with_parent,  # prctl only: safe between fork and exec
             )
         self.pid = self._proc.pid
         self.started = time.monotonic()
@@ -476,22 +476,24 @@ class WorkerProcess:
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _process_stats() -> Iterator[list[str]]:
+    """The fields of ``/proc/PID/stat`` after the command name, for every live process.
+
+    ``fields[0]`` is field 3 (state): pgrp is ``fields[2]``, utime ``[11]``, stime ``[12]``.
+    """
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process exited meanwhile
+            continue
+        yield text.rsplit(")", 1)[1].split()
+
+
 def group_cpu_seconds(pgids: int | Iterable[int]) -> float:
     """User + system CPU seconds of every live process in the process group(s) (Linux /proc)."""
     wanted = {pgids} if isinstance(pgids, int) else set(pgids)
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields[0] is field 3 (state): pgrp is field 5, utime 14, stime 15.
-        if int(fields[2]) in wanted:
-            total += int(fields[11]) + int(fields[12])
-    return total / _CLK_TCK
+    ticks = sum(int(f[11]) + int(f[12]) for f in _process_stats() if int(f[2]) in wanted)
+    return ticks / _CLK_TCK
 
 
 def machine_busy_seconds() -> float:
@@ -537,9 +539,10 @@ class CpuMeter:
 
 # --------------------------------------------------------------------------- environment
 def triton_version(url: str) -> str:
-    import tritonclient.grpc as triton_grpc
+    from pipeline.settings import TritonSettings
+    from pipeline.triton.client import sync_client
 
-    with triton_grpc.InferenceServerClient(url) as client:
+    with sync_client(TritonSettings(grpc_url=url)) as client:
         return str(client.get_server_metadata().version)
 
 
@@ -597,5 +600,5 @@ def tansu_version() -> str:
             check=False,
         )
         return out.stdout.strip() or out.stderr.strip() or "unknown"
-    except Exception as exc:  # noqa: BLE001 - informational only
+    except Exception as exc:  # informational only
         return f"unknown ({exc})"

@@ -43,20 +43,11 @@ be empty; otherwise the run fails (exit 1). See benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import inspect
-import json
-import math
 import os
-import re
-import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +55,8 @@ from typing import Any
 import numpy as np
 import yaml
 from aiokafka.structs import ConsumerRecord
-from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import cli, phases, report
 from benchmarks.common import (
     BenchmarkFailure,
     CaseResult,
@@ -80,21 +69,18 @@ from benchmarks.common import (
     index_by_id,
     latency_summary,
     latency_timeline,
-    machine_info,
-    package_versions,
     produce_all,
     produce_at_rate,
-    queue_verdict,
     read_topic,
-    tansu_version,
-    triton_version,
 )
+from benchmarks.harness import StackBenchmark, StackUp, embedded_stack, finish
+from benchmarks.metrics import Values, delta_mean, scrape_worker
+from benchmarks.report import fmt, verdict
 from pipeline.contract import headers as h
 from pipeline.contract.records import Record, read_dead_letter
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
-from pipeline.embedded.stack import EmbeddedStack
-from pipeline.settings import Endpoints
+from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.loader import load_topology
 from tests.helpers.dense_reference import (
     mlp_reference,
@@ -103,11 +89,12 @@ from tests.helpers.dense_reference import (
     score_reference,
 )
 from tests.helpers.topology_process import TopologyFiles, write_topology
-from workers.join import JOIN_STATUS, JoinStage
+from workers.join import JOIN_STATUS, JoinSettings
 
 REPO = Path(__file__).resolve().parents[1]
 ENSEMBLE = REPO / "topologies" / "ensemble.yaml"
 PARTITIONS = 4
+PACKAGES = ("aiokafka", "tritonclient", "grpcio", "numpy", "protobuf")
 TARGET = 0.8  # e2 >= 0.8 * min(s1, s2)
 RTOL, ATOL = 1e-4, 1e-5  # as tests/integration/test_ensemble.py
 WIDTH = {"logits": 4, "score": 1}
@@ -119,28 +106,18 @@ CASES: dict[str, str] = {
     "e2": "normalise -> {classify, score} -> join",
 }
 
-console = Console(width=max(Console().width, 140))
+console = report.wide_console(140)
 
 
 @dataclass(frozen=True)
-class Config:
-    requests: int
-    warmup_requests: int
-    min_window_s: float
-    max_requests: int
-    latency_seconds: float
-    latency_load: float
-    latency_max_rate: float
-    latency_attempts: int
-    stall_seconds: float
+class Config(phases.PhaseConfig):
     cases: tuple[str, ...]
-    profile_dir: Path | None
     soak_seconds: float = 0.0
     soak_load: float = 0.2
 
 
-@dataclass
-class Case:
+@dataclass(eq=False)
+class Case(phases.Target):
     """One worker process, its topology and what its results must hold."""
 
     key: str
@@ -150,8 +127,48 @@ class Case:
     steps: tuple[str, ...]  # what runs in the process
     process: WorkerProcess
     result: CaseResult
+    bench: Benchmark
     sent: int = 0  # records produced to its input topic so far
-    metrics_url: str | None = None
+
+    @property
+    def kafka(self) -> KafkaSettings:  # type: ignore[override]
+        return self.bench.kafka
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return self.topology.input_topic
+
+    def new_requests(self, n: int, prefix: str, seed: int) -> phases.Requests:
+        """Raw-feature requests; each batch draws the benchmark's next seed (``seed`` unused)."""
+        records, raw = make_raw_requests(n, prefix, self.bench.next_seed())
+        return phases.Requests(records, raw)
+
+    async def wait(self, what: str) -> None:
+        await self.bench.wait_results(self, what)
+
+    async def collect(
+        self, prefix: str, requests: phases.Requests, what: str, idle_s: float
+    ) -> phases.Found:
+        return await self.bench.collect(
+            self, prefix, requests.records, requests.reference, what, idle_s
+        )
+
+    def idle_workers(self) -> list[int]:
+        return [c.process.pid for c in self.bench.cases.values() if c is not self]
+
+    def probe(self, phase: str) -> Callable[[], dict[str, Any]]:
+        """Per step, the worker's own metrics over the phase; for latency, CPU as well."""
+        before = scrape(self)
+        cpu = None
+        if phase == "latency":
+            cpu = CpuMeter({"worker": self.process.pid, **self.bench.services})
+            cpu.start()
+
+        def end() -> dict[str, Any]:
+            usage = {} if cpu is None else {"cpu": cpu.stop()}
+            return {**usage, "stages": stage_breakdown(before, scrape(self))}
+
+        return end
 
 
 # =========================================================================== requests and checks
@@ -223,7 +240,6 @@ async def dead_letters(endpoints: Endpoints, case: Case) -> list[str]:
 
 
 # =========================================================================== stage metrics
-_METRICS_LINE = re.compile(r"health/metrics on (http://\S+/metrics)")
 _HISTOGRAMS = {
     "pipeline_batch_size": ("batch_rows", 1.0),
     "pipeline_triton_request_duration_seconds": ("triton_call_ms", 1000.0),
@@ -233,34 +249,16 @@ _HISTOGRAMS = {
 _COUNTERS = {"pipeline_requests_total": "consumed", "pipeline_results_total": "produced"}
 
 
-def scrape(case: Case) -> dict[tuple[str, str], float]:
+def _wanted(name: str) -> bool:
+    return name in _COUNTERS or name.removesuffix("_sum").removesuffix("_count") in _HISTOGRAMS
+
+
+def scrape(case: Case) -> Values:
     """(sample name, stage) -> value for the histograms' sums/counts and the record counters."""
-    if case.metrics_url is None:
-        found = _METRICS_LINE.search(case.process.log_path.read_text(errors="replace"))
-        case.metrics_url = found.group(1) if found else ""
-    if not case.metrics_url:
-        return {}
-    try:
-        with urllib.request.urlopen(case.metrics_url, timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    values: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            if not (
-                name in _COUNTERS or name.removesuffix("_sum").removesuffix("_count") in _HISTOGRAMS
-            ):
-                continue
-            key = (name, sample.labels.get("stage", ""))
-            values[key] = values.get(key, 0.0) + sample.value
-    return values
+    return scrape_worker(case.process, _wanted)
 
 
-def stage_breakdown(
-    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]
-) -> dict[str, dict[str, float]]:
+def stage_breakdown(before: Values, after: Values) -> dict[str, dict[str, float]]:
     """Per stage over one phase: records consumed/produced, mean batch rows, Triton call,
     batcher queue delay and hop latency (the stage's input record's timestamp -> its output
     acknowledged; joins record none)."""
@@ -273,28 +271,18 @@ def stage_breakdown(
             if delta:
                 row[label] = delta
         for name, (label, scale) in _HISTOGRAMS.items():
-            count = after.get((f"{name}_count", stage), 0.0) - before.get(
-                (f"{name}_count", stage), 0.0
-            )
-            total = after.get((f"{name}_sum", stage), 0.0) - before.get((f"{name}_sum", stage), 0.0)
-            if count > 0:
-                row[label] = round(total / count * scale, 2)
+            mean = delta_mean(before, after, name, stage, scale)
+            if mean is not None:
+                row[label] = mean
         if row:
             out[stage] = row
     return out
 
 
 # =========================================================================== the benchmark
-class Benchmark:
-    def __init__(
-        self, config: Config, endpoints: Endpoints, log_dir: Path, services: dict[str, int]
-    ) -> None:
-        self.config = config
-        self.endpoints = endpoints
-        self.kafka = endpoints.kafka
-        self.log_dir = log_dir
-        self.services: dict[str, int | list[int]] = dict(services)  # stack groups, for CPU
-        self.run_id = f"{int(time.time()) % 1_000_000:06d}{secrets.token_hex(2)}"
+class Benchmark(StackBenchmark[Config]):
+    def __init__(self, config: Config, up: StackUp) -> None:
+        super().__init__(config, up)
         self.cases: dict[str, Case] = {}
         self.seed = 100
 
@@ -351,7 +339,7 @@ class Benchmark:
         result.extra.update(
             {"topology": str(topology.path), "worker_log": str(process.log_path), "steps": run}
         )
-        case = Case(key, topology, outputs, last, run, process, result)
+        case = Case(key, topology, outputs, last, run, process, result, self)
         self.cases[key] = case
         return case
 
@@ -374,11 +362,17 @@ class Benchmark:
                 raise
 
     async def collect(
-        self, case: Case, prefix: str, records: list[Record], raw: np.ndarray, what: str
+        self,
+        case: Case,
+        prefix: str,
+        records: list[Record],
+        raw: np.ndarray,
+        what: str,
+        idle_s: float = 0.2,
     ) -> dict[str, ConsumerRecord[bytes, bytes]]:
         """Read the results back: one full, correct result per ID, no duplicates, no dead letters."""
         found, duplicates = index_by_id(
-            await read_topic(self.kafka, case.topology.result_topic, case.sent, idle_s=0.2),
+            await read_topic(self.kafka, case.topology.result_topic, case.sent, idle_s=idle_s),
             f"{prefix}-",
         )
         check_complete(found, records, f"({case.key}) {what}")
@@ -413,67 +407,8 @@ class Benchmark:
         case.result.extra["warmup_s"] = round(time.perf_counter() - started, 2)
 
     async def throughput(self, case: Case) -> None:
-        cfg, result, process = self.config, case.result, case.process
-        rounds: list[dict[str, Any]] = []
-        size = cfg.requests
-        for round_no in range(4):
-            prefix = f"{case.key}-t{round_no}"
-            records, raw = make_raw_requests(size, prefix, self.next_seed())
-            idle = [c.process.pid for c in self.cases.values() if c is not case]
-            cpu = CpuMeter({"worker": process.pid, **self.services, "idle_workers": idle})
-            before = scrape(case)
-            spy = self._start_profiler(case, round_no)
-            process.freeze()
-            try:
-                produce_s = await produce_all(self.kafka, case.topology.input_topic, records)
-                case.sent += size
-            finally:
-                cpu.start()
-                thawed_at = time.time()
-                process.thaw()
-            try:
-                await self.wait_results(case, "results")
-            finally:
-                usage = cpu.stop()
-                if spy is not None:
-                    from benchmarks.stateless import stop_profiler
-
-                    result.extra["profile"] = stop_profiler(*spy)
-            stages = stage_breakdown(before, scrape(case))
-            found = await self.collect(case, prefix, records, raw, "throughput phase")
-            stamps = [r.timestamp for r in found.values()]
-            window = max(stamps) / 1000 - thawed_at
-            rounds.append(
-                {
-                    "requests": size,
-                    "window_s": round(window, 3),
-                    "first_result_after_s": round(min(stamps) / 1000 - thawed_at, 3),
-                    "throughput": size / window,
-                    "frozen_s": round(produce_s, 2),
-                    "thawed_at": thawed_at,
-                    "cpu": usage,
-                    "worker_cpu_us_per_request": round(usage["worker_cpu_s"] / size * 1e6, 1),
-                    "other_cpu_share": round(usage["other_cpu_s"] / max(usage["wall_s"], 1e-9), 2),
-                    "stages": stages,
-                }
-            )
-            result.requests, result.window_s, result.throughput = size, window, size / window
-            if window >= cfg.min_window_s or size >= cfg.max_requests:
-                break
-            size = min(
-                cfg.max_requests, math.ceil(size * 1.3 * cfg.min_window_s / max(window, 0.05))
-            )
-        result.extra["throughput_rounds"] = rounds
-        last = rounds[-1]
-        if last["other_cpu_share"] > 0.25:
-            result.notes.append(
-                f"[yellow]other jobs used {last['cpu']['other_cpu_s']:.1f} CPU-s during the "
-                f"{last['cpu']['wall_s']:.1f} s window: throughput disturbed[/]"
-            )
-        if max(r["frozen_s"] for r in rounds) > 5.0:
-            result.notes.append("worker frozen > 5 s: near the 10 s session timeout")
-        if result.window_s is not None and result.window_s < cfg.min_window_s:
-            result.notes.append(f"window only {result.window_s:.2f}s (raise --max-requests)")
+        result = case.result
+        await phases.throughput(case, self.config, self.services)
         window_s = float(yaml.safe_load(ENSEMBLE.read_text())["result_join"]["window_ms"]) / 1000
         if case.key == "e2" and (result.window_s or 0.0) > 0.5 * window_s:
             result.notes.append(
@@ -482,56 +417,7 @@ class Benchmark:
             )
 
     async def latency(self, case: Case, rate: float) -> None:
-        cfg, result = self.config, case.result
-        attempts: list[dict[str, Any]] = []
-        for attempt in range(cfg.latency_attempts):
-            m = max(50, int(rate * cfg.latency_seconds))
-            prefix = f"{case.key}-l{attempt}"
-            records, raw = make_raw_requests(m, prefix, self.next_seed())
-            before = scrape(case)
-            cpu = CpuMeter({"worker": case.process.pid, **self.services})
-            cpu.start()
-            achieved = await produce_at_rate(self.kafka, case.topology.input_topic, records, rate)
-            case.sent += m
-            await self.wait_results(case, "latency-phase results")
-            usage = cpu.stop()
-            stages = stage_breakdown(before, scrape(case))
-            found = await self.collect(case, prefix, records, raw, f"latency phase at {rate:.0f}/s")
-            inputs, _ = index_by_id(
-                await read_topic(self.kafka, case.topology.input_topic, case.sent, idle_s=0.1),
-                f"{prefix}-",
-            )
-            ordered = sorted(found, key=lambda cid: inputs[cid].timestamp)
-            sent_at = [inputs[cid].timestamp for cid in ordered]
-            latencies = [found[cid].timestamp - inputs[cid].timestamp for cid in ordered]
-            verdict = queue_verdict(sent_at, latencies, achieved, rate)
-            attempts.append(
-                {
-                    "offered": rate,
-                    "achieved": achieved,
-                    "requests": m,
-                    "p50_ms": float(np.percentile(latencies, 50)),
-                    "p99_ms": float(np.percentile(latencies, 99)),
-                    "verdict": verdict,
-                    "timeline_p50_ms": latency_timeline(sent_at, latencies),
-                    "cpu": usage,
-                    "stages": stages,
-                }
-            )
-            result.latency_offered_rate, result.latency_achieved_rate = rate, achieved
-            latency_summary(result, latencies)
-            if verdict == "ok":
-                break
-            rate /= 2
-        result.extra["latency_attempts"] = attempts
-        if attempts[-1]["verdict"] != "ok":
-            result.notes.append(f"latency phase saturated: {attempts[-1]['verdict']}")
-        elif len(attempts) > 1:
-            result.notes.append(
-                "the common rate saturated it ("
-                + "; ".join(f"{a['offered']:.0f}/s: {a['verdict']}" for a in attempts[:-1])
-                + "), measured at a lower rate"
-            )
+        await phases.latency(case, self.config, rate)
 
     async def soak(self, case: Case, rate: float) -> CaseResult:
         """``--soak S``: e2 at ``--soak-load`` x its throughput for S seconds, long enough for its join to reach
@@ -582,13 +468,11 @@ class Benchmark:
                 )
         except BenchmarkFailure as exc:
             result.error = f"FAILED: {exc}"
-        ordered = sorted(found, key=lambda cid: inputs[cid].timestamp)
-        sent_at = [inputs[cid].timestamp for cid in ordered]
-        latencies = [found[cid].timestamp - inputs[cid].timestamp for cid in ordered]
+        sent_at, latencies = phases.request_latencies(found, inputs)
         latency_summary(result, latencies)
         result.requests = len(records)
         result.latency_offered_rate, result.latency_achieved_rate = rate, achieved
-        retention = float(inspect.signature(JoinStage.__init__).parameters["retention_s"].default)
+        retention = JoinSettings.__dataclass_fields__["retention_s"].default
         window_s = float(yaml.safe_load(ENSEMBLE.read_text())["result_join"]["window_ms"]) / 1000
         backlog_formed = case.result.extra["throughput_rounds"][-1]["thawed_at"]
         result.extra.update(
@@ -607,23 +491,6 @@ class Benchmark:
             f"p50 per 5 s: {', '.join(f'{v:.0f}' for v in result.extra['timeline_p50_ms_per_5s'])} ms"
         )
         return result
-
-    def _start_profiler(
-        self, case: Case, round_no: int
-    ) -> tuple[subprocess.Popen[bytes], Path] | None:
-        """``--profile DIR``: py-spy (raw collapsed stacks, line numbers) during throughput rounds."""
-        if self.config.profile_dir is None:
-            return None
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        if not Path(spy).exists():
-            raise BenchmarkFailure("--profile needs py-spy: .venv/bin/pip install py-spy")
-        self.config.profile_dir.mkdir(parents=True, exist_ok=True)
-        out = self.config.profile_dir / f"{case.key}-throughput-round{round_no}.txt"
-        argv = [spy, "record", "--pid", str(case.process.pid), "--rate", "250", "--nonblocking"]
-        argv += ["--format", "raw", "--output", str(out)]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # attached before the round starts
-        return proc, out
 
 
 async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
@@ -707,37 +574,21 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
     return out
 
 
-def _fmt(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
-
-
 def print_report(meta: dict[str, Any], results: dict[str, CaseResult], rat: dict[str, Any]) -> None:
     m, v = meta["machine"], meta["versions"]
     console.print(
         f"\n[bold]Ensemble benchmark[/]  {m['date']}\n"
-        f"machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, Linux {m['kernel']}, "
-        f"Python {m['python']}, load {m['loadavg_1m_at_start']} at start; broker, Triton, workers "
+        f"{report.machine_line(m)}, load {m['loadavg_1m_at_start']} at start; broker, Triton, workers "
         f"and the measuring process share them\n"
-        f"versions: Triton {v['triton_server']}, {v['tansu']}, aiokafka {v['aiokafka']}, "
-        f"tritonclient {v['tritonclient']}\n"
+        f"{report.versions_line(v, 'aiokafka', 'tritonclient')}\n"
         f"topologies/ensemble.yaml's stages (batching defaults: up to 64 rows, 5 ms, 4 in flight; "
         f"join inner, 5 s window), {meta['request_bytes']} B requests, {PARTITIONS} partitions, "
         f"each case one `pipeline run` process"
     )
-    table = Table()
-    for name, justify in (
-        ("case", "left"),
-        ("what", "left"),
-        ("N", "right"),
-        ("window s", "right"),
-        ("req/s", "right"),
-        ("worker CPU µs/req", "right"),
-        ("other CPU %", "right"),
-        ("latency at req/s", "right"),
-        ("p50 ms", "right"),
-        ("p99 ms", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table = report.case_table(
+        ("case", "what", "N", "window s", "req/s", "worker CPU µs/req", "other CPU %")
+        + ("latency at req/s", "p50 ms", "p99 ms")
+    )
     notes: list[str] = []
     for key, r in results.items():
         rounds = r.extra.get("throughput_rounds") or [{}]
@@ -745,14 +596,14 @@ def print_report(meta: dict[str, Any], results: dict[str, CaseResult], rat: dict
         table.add_row(
             key,
             r.name,
-            _fmt(r.requests or None),
-            _fmt(r.window_s, 2),
-            _fmt(r.throughput) if r.error is None else "[bold red]FAILED[/]",
-            _fmt(last.get("worker_cpu_us_per_request")),
-            _fmt(100 * last["other_cpu_share"]) if "other_cpu_share" in last else "-",
-            _fmt(r.latency_achieved_rate),
-            _fmt(r.p50_ms),
-            _fmt(r.p99_ms),
+            fmt(r.requests or None),
+            fmt(r.window_s, 2),
+            fmt(r.throughput) if r.error is None else "[bold red]FAILED[/]",
+            fmt(last.get("worker_cpu_us_per_request")),
+            fmt(100 * last["other_cpu_share"]) if "other_cpu_share" in last else "-",
+            fmt(r.latency_achieved_rate),
+            fmt(r.p50_ms),
+            fmt(r.p99_ms),
         )
         if r.error:
             notes.append(f"({key}) [bold red]{r.error}[/]")
@@ -773,11 +624,10 @@ def print_report(meta: dict[str, Any], results: dict[str, CaseResult], rat: dict
     for note in notes:
         console.print(note)
     if rat:
-        met = "[green]met[/]" if rat["met"] else "[bold red]NOT met[/]"
         cpu = rat["cpu_us_per_request"]
         console.print(
             f"e2 / min(s1, s2) = [bold]{rat['e2_over_min_s']:.2f}[/] (slower branch: "
-            f"{rat['slower_branch']}; target >= {TARGET}): {met}\n"
+            f"{rat['slower_branch']}; target >= {TARGET}): {verdict(rat['met'])}\n"
             f"worker CPU per request s1 {cpu['s1']:.0f}, s2 {cpu['s2']:.0f}, e2 {cpu['e2']:.0f} µs: "
             f"a single-process, CPU-bound worker predicts e2 / {rat['slower_branch']} = "
             f"{rat['cpu_predicted_ratio']:.2f}"
@@ -798,121 +648,52 @@ def print_report(meta: dict[str, Any], results: dict[str, CaseResult], rat: dict
 
 # =========================================================================== main
 def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.ensemble", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument(
-        "--requests",
-        type=int,
-        default=6_000,
-        help="throughput backlog per case (default 6000; grown while the window < --min-window)",
-    )
-    p.add_argument("--warmup-requests", type=int, default=200)
-    p.add_argument("--min-window", type=float, default=2.0, help="seconds (default 2)")
-    p.add_argument("--max-requests", type=int, default=100_000, help="cap on the backlog")
-    p.add_argument("--latency-seconds", type=float, default=4.0)
-    p.add_argument(
-        "--latency-load",
-        type=float,
-        default=0.5,
-        help="latency rate as a fraction of the slowest case's throughput (default 0.5)",
-    )
-    p.add_argument("--latency-max-rate", type=float, default=5000.0, help="req/s cap")
-    p.add_argument(
-        "--latency-attempts",
-        type=int,
-        default=2,
-        help="halve a case's latency rate up to this many times while its queue grows",
-    )
-    p.add_argument("--stall-seconds", type=float, default=30.0)
-    p.add_argument("--cases", default="s1,s2,e2", help="comma-separated subset of s1,s2,e2")
-    p.add_argument(
-        "--profile",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="record every case's throughput rounds with py-spy (raw stacks, line numbers) in DIR",
+    p = cli.parser("ensemble", __doc__)
+    cli.add_shared(
+        p,
+        *("--requests", "--warmup-requests", "--min-window", "--max-requests"),
+        *("--latency-seconds", "--latency-load", "--latency-max-rate", "--latency-attempts"),
+        *("--stall-seconds", "--cases", "--profile"),
+        requests={
+            "default": 6_000,
+            "help": "throughput backlog per case (default 6000; "
+            "grown while the window < --min-window)",
+        },
+        max_requests={"default": 100_000},
+        latency_load={
+            "help": "latency rate as a fraction of the slowest case's throughput (default 0.5)"
+        },
+        latency_attempts={"default": 2},
+        cases={"default": "s1,s2,e2", "help": "comma-separated subset of s1,s2,e2"},
+        profile={
+            "help": "record every case's throughput rounds with py-spy "
+            "(raw stacks, line numbers) in DIR"
+        },
     )
     p.add_argument(
         "--soak",
+        dest="soak_seconds",
+        metavar="SECONDS",
         type=float,
         default=0.0,
-        metavar="SECONDS",
         help="then run e2 at --soak-load x its throughput this long (80 spans its join's 65 s "
         "state retention of the throughput backlog; default 0 = off)",
     )
     p.add_argument("--soak-load", type=float, default=0.2, help="default 0.2")
-    p.add_argument("--json", type=Path, default=None, help="write the raw numbers here")
+    cli.add_shared(p, "--json")
     a = p.parse_args(argv)
-    cases = tuple(k for k in CASES if k in a.cases.split(","))
-    if not cases or set(a.cases.split(",")) - set(CASES):
-        p.error(f"--cases takes a comma-separated subset of {','.join(CASES)}")
-    return (
-        Config(
-            requests=a.requests,
-            warmup_requests=a.warmup_requests,
-            min_window_s=a.min_window,
-            max_requests=a.max_requests,
-            latency_seconds=a.latency_seconds,
-            latency_load=a.latency_load,
-            latency_max_rate=a.latency_max_rate,
-            latency_attempts=a.latency_attempts,
-            stall_seconds=a.stall_seconds,
-            cases=cases,
-            profile_dir=a.profile,
-            soak_seconds=a.soak,
-            soak_load=a.soak_load,
-        ),
-        a.json,
-    )
+    return cli.config_from(Config, a, cases=cli.select_cases(p, a.cases, CASES, ",")), a.json
 
 
 def main(argv: list[str] | None = None) -> int:
     config, json_path = parse_args(argv)
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-ensemble-"))
-    started = time.perf_counter()
-    stack = EmbeddedStack(log_dir=log_dir / "stack")
-    try:
-        with console.status("starting the embedded stack") as status:
-            endpoints = stack.start(progress=lambda msg: status.update(msg))
-        assert endpoints.triton.grpc_url and endpoints.kafka.bootstrap_servers
-        meta: dict[str, Any] = {
-            "machine": machine_info(),
-            "versions": {
-                "triton_server": triton_version(endpoints.triton.grpc_url),
-                "tansu": tansu_version(),
-                **package_versions(["aiokafka", "tritonclient", "grpcio", "numpy", "protobuf"]),
-            },
-            "request_bytes": len(make_raw_requests(1, "x-t", 0)[0][0].value),
-            "log_dir": str(log_dir),
-        }
-        console.print(
-            f"stack up: Kafka {endpoints.kafka.bootstrap_servers}, Triton {endpoints.triton.grpc_url}; "
-            f"logs in {log_dir}"
-        )
-        services = {p.name.split("-")[0]: p.pid for p in stack.processes if p.pid is not None}
-        results = asyncio.run(run_cases(Benchmark(config, endpoints, log_dir, services)))
-    finally:
-        stack.stop()
-    meta["total_seconds"] = time.perf_counter() - started
+    with embedded_stack(console, "ensemble", PACKAGES) as up:
+        up.meta["request_bytes"] = len(make_raw_requests(1, "x-t", 0)[0][0].value)
+        results = asyncio.run(run_cases(Benchmark(config, up)))
     rat = ratios(results)
-    print_report(meta, results, rat)
+    print_report(up.meta, results, rat)
     failed = [k for k, r in results.items() if r.error is not None]
-    if json_path is not None:
-        payload = {
-            "meta": meta,
-            "config": {k: str(v) if isinstance(v, Path) else v for k, v in config.__dict__.items()},
-            "cases": {k: r.as_dict() for k, r in results.items()},
-            "ratios": rat,
-            "failed": failed,
-        }
-        json_path.write_text(json.dumps(payload, indent=2, default=str))
-        console.print(f"raw numbers written to {json_path}")
-    console.print(f"total {meta['total_seconds']:.0f}s")
-    if failed:
-        console.print(f"[bold red]benchmark FAILED ({', '.join(failed)})[/]")
-        return 1
-    return 0
+    return finish(console, json_path, up, config, results, rat, failed)
 
 
 if __name__ == "__main__":

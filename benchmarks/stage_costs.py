@@ -16,7 +16,6 @@ scheduling) are not included.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Callable
@@ -24,10 +23,10 @@ from typing import Any
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, TopicPartition
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import cli
 from benchmarks.common import create_topics, make_requests, produce_all
+from benchmarks.report import case_table, wide_console
 from pipeline.contract.records import result_headers
 from pipeline.contract.request import decode_request
 from pipeline.contract.response import encode_response
@@ -40,7 +39,7 @@ from workers.batching import DynamicBatcher
 from workers.triton_backend import TritonModelBackend
 
 MODEL = "dense_classifier"
-console = Console(width=max(Console().width, 110))
+console = wide_console(110)
 
 
 def per_call_us(fn: Callable[[int], Any], n: int) -> float:
@@ -274,17 +273,13 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.stage_costs", description=__doc__.split("\n\n")[0]
-    )
+    parser = cli.parser("stage_costs", __doc__)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args(argv)
     rows, alternatives = asyncio.run(measure(args.requests, args.batch))
-    table = Table(title=f"CPU per record in this process ({args.requests:,} records, {MODEL})")
-    table.add_column("step")
-    table.add_column("where")
-    table.add_column("µs", justify="right")
+    title = f"CPU per record in this process ({args.requests:,} records, {MODEL})"
+    table = case_table(("step", "where", "µs"), left=("step", "where"), title=title)
     for what, where, us in rows:
         table.add_row(what, where, f"{us:.1f}")
     table.add_row("[bold]sum[/]", "", f"[bold]{sum(us for _, _, us in rows):.1f}[/]")

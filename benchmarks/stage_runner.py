@@ -42,7 +42,7 @@ def _main() -> None:
     patch = os.environ.get("BENCH_STAGE_PATCH")
     if patch:
         code = compile(Path(patch).read_text(), patch, "exec")
-        exec(code, {"__name__": "bench_stage_patch"})  # noqa: S102 - an explicit, opt-in experiment
+        exec(code, {"__name__": "bench_stage_patch"})  # an explicit, opt-in experiment
     if not args:
         raise SystemExit(
             "usage: python -m benchmarks.stage_runner [--fetch-max-wait-ms MS] run TOPOLOGY ..."

@@ -32,36 +32,23 @@ Every correlation ID must come back with a correct result, else the run fails
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import math
 import os
-import re
-import secrets
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import cli, phases, report
 from benchmarks.common import (
     FEATURES,
     BenchmarkFailure,
     CaseResult,
-    CpuMeter,
     TopicCounter,
     WorkerProcess,
     check_complete,
@@ -69,25 +56,23 @@ from benchmarks.common import (
     index_by_id,
     latency_summary,
     latency_timeline,
-    machine_info,
     make_requests,
-    package_versions,
     produce_all,
-    produce_at_rate,
     queue_verdict,
     read_topic,
-    tansu_version,
-    triton_version,
 )
+from benchmarks.harness import StackBenchmark, StackUp, embedded_stack, finish
+from benchmarks.metrics import Values, delta_mean, scrape_worker
+from benchmarks.report import fmt, verdict
 from pipeline.contract.response import decode_response
-from pipeline.embedded.stack import EmbeddedStack
 from pipeline.kafka.clients import make_consumer
-from pipeline.settings import Endpoints
+from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.loader import load_topology
 
 MODEL = "dense_classifier"
 REPO = Path(__file__).resolve().parents[1]
 BASE_TOPOLOGY = REPO / "topologies" / "dense.yaml"
+PACKAGES = ("aiokafka", "tritonclient", "grpcio", "faust-streaming", "numpy", "protobuf")
 
 CASES: dict[str, str] = {
     "a": "raw Kafka echo",
@@ -100,36 +85,27 @@ KAFKA_CASES = "acde"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
 TARGET_VS_NAIVE = 10.0  # d >= 10 * c
 
-console = Console(width=max(Console().width, 132))
+console = report.wide_console(132)
 
 Verify = Callable[[dict[str, Any], dict[str, bytes]], None]
 
 
 @dataclass(frozen=True)
-class Config:
-    requests: int
+class Config(phases.PhaseConfig):
+    cases: str
     naive_requests: int
     faust_requests: int
     batch: int
     concurrency: int
     max_queue_delay_ms: float
-    latency_seconds: float
-    latency_load: float
-    latency_attempts: int
-    latency_max_rate: float
-    warmup_requests: int
-    min_window_s: float
-    max_requests: int
     fetch_max_wait_ms: int | None
-    profile_dir: Path | None
-    cases: str
-    stall_seconds: float
 
 
-@dataclass
-class KafkaWorker:
-    """One Kafka case's worker process and topics."""
+@dataclass(eq=False)
+class KafkaWorker(phases.Target):
+    """One Kafka case's worker process and topics, measured by :mod:`benchmarks.phases`."""
 
+    bench: Benchmark
     key: str
     requests: int
     source: str
@@ -138,37 +114,67 @@ class KafkaWorker:
     verify: Verify
     notes: tuple[str, ...] = ()
     ready_s: float | None = None
+    sent: int = 0
+    counter: TopicCounter | None = None  # the sink's, while the case is measured
+    result: CaseResult = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kafka: KafkaSettings = self.bench.kafka
+        self.result = CaseResult(self.key, CASES[self.key], notes=list(self.notes))
+
+    def new_requests(self, n: int, prefix: str, seed: int) -> phases.Requests:
+        return phases.Requests(make_requests(n, prefix, seed=seed))
+
+    async def wait(self, what: str) -> None:
+        assert self.counter is not None
+        await self.counter.wait_for(
+            self.sent,
+            stall_s=self.bench.config.stall_seconds,
+            check_alive=self.process.check_alive,
+            what=what,
+        )
+
+    async def collect(
+        self, prefix: str, requests: phases.Requests, what: str, idle_s: float
+    ) -> phases.Found:
+        found, dups = index_by_id(
+            await read_topic(self.kafka, self.sink, self.sent, idle_s=idle_s), f"{prefix}-"
+        )
+        check_complete(found, requests.records, f"({self.key}) {what}")
+        self.verify(found, {r.key.decode(): r.value for r in requests.records if r.key})
+        self.result.duplicates += dups
+        return found
+
+    def idle_workers(self) -> list[int]:
+        return [p.pid for p in self.bench.processes if p is not self.process and p.running()]
+
+    def probe(self, phase: str) -> Callable[[], dict[str, Any]]:
+        """(d)'s own metrics around each latency attempt."""
+        if self.key != "d" or phase != "latency":
+            return dict
+        before = _scrape_stage(self.process)
+        return lambda: {"stage_metrics": _stage_breakdown(before, _scrape_stage(self.process))}
 
 
 # =========================================================================== runner
-class Benchmark:
-    def __init__(
-        self,
-        config: Config,
-        endpoints: Endpoints,
-        log_dir: Path,
-        services: dict[str, int] | None = None,
-    ) -> None:
-        self.services: dict[str, int | list[int]] = dict(services or {})  # stack groups, for CPU
+class Benchmark(StackBenchmark[Config]):
+    def __init__(self, config: Config, up: StackUp) -> None:
+        super().__init__(config, up)
         self.processes: list[WorkerProcess] = []  # every worker started (CPU accounting)
-        self.config = config
-        self.endpoints = endpoints
-        self.kafka = endpoints.kafka
-        self.log_dir = log_dir
-        self.run_id = f"{int(time.time()) % 1_000_000:06d}{secrets.token_hex(2)}"
 
     def topic(self, key: str, what: str) -> str:
         return f"bench.{self.run_id}.{key}.{what}"
 
     # ------------------------------------------------------------------ (b)
     async def direct_triton(self) -> CaseResult:
-        import tritonclient.grpc.aio as triton_aio
         from tritonclient.grpc import InferInput, InferRequestedOutput
+
+        from pipeline.triton.client import aio_client
 
         cfg = self.config
         result = CaseResult("b", CASES["b"], unit="rows/s")
         assert self.endpoints.triton.grpc_url
-        client = triton_aio.InferenceServerClient(self.endpoints.triton.grpc_url)
+        client = aio_client(self.endpoints.triton)
         rng = np.random.default_rng(1)
         rows = [rng.standard_normal((1, FEATURES), dtype=np.float32) for _ in range(4096)]
 
@@ -341,38 +347,7 @@ class Benchmark:
         await create_topics(self.kafka, topics)
         process = WorkerProcess(f"{key}-{self.run_id}", argv, self.log_dir, marker, env=env)
         self.processes.append(process)
-        return KafkaWorker(key, n, source, sink, process, verify, notes)
-
-    def _start_profiler(
-        self, key: str, process: WorkerProcess, round_no: int
-    ) -> tuple[subprocess.Popen[bytes], Path] | None:
-        """``--profile DIR``: py-spy (CPU samples, collapsed stacks) on the stage during a throughput round."""
-        if self.config.profile_dir is None or key != "d":
-            return None
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        if not Path(spy).exists():
-            raise BenchmarkFailure("--profile needs py-spy: .venv/bin/pip install py-spy")
-        self.config.profile_dir.mkdir(parents=True, exist_ok=True)
-        out = self.config.profile_dir / f"{key}-throughput-round{round_no}.txt"
-        proc = subprocess.Popen(
-            [
-                spy,
-                "record",
-                "--pid",
-                str(process.pid),
-                "--rate",
-                "250",
-                "--nonblocking",
-                "--format",
-                "raw",
-                "--output",
-                str(out),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(1.0)  # let py-spy attach before the round starts
-        return proc, out
+        return KafkaWorker(self, key, n, source, sink, process, verify, notes)
 
     def _write_topology(self, source: str, sink: str, dead: str) -> Path:
         """dense.yaml with this run's topics, endpoints, batch size and concurrency."""
@@ -396,136 +371,32 @@ class Benchmark:
     async def measure(self, worker: KafkaWorker) -> CaseResult:
         """Warm-up, throughput on frozen-then-thawed backlogs, then latency at a fixed rate."""
         cfg = self.config
-        key, source, sink, verify = worker.key, worker.source, worker.sink, worker.verify
-        process = worker.process
-        result = CaseResult(key, CASES[key], notes=list(worker.notes))
+        result, process = worker.result, worker.process
         result.extra["worker_ready_s"] = worker.ready_s
         result.extra["worker_log"] = str(process.log_path)
-        alive = process.check_alive
-        sent = 0
-        async with TopicCounter(self.kafka, sink) as counter:
+        async with TopicCounter(self.kafka, worker.sink) as worker.counter:
             # 1. Warm-up: group joined, partitions assigned, connections (and Triton) warm.
-            warm = make_requests(cfg.warmup_requests, f"{key}-w", seed=1)
-            await produce_all(self.kafka, source, warm)
-            sent += len(warm)
-            result.extra["warmup_s"] = await counter.wait_for(
-                sent, stall_s=max(cfg.stall_seconds, 60), check_alive=alive, what="warm-up results"
+            warm = make_requests(cfg.warmup_requests, f"{worker.key}-w", seed=1)
+            await produce_all(self.kafka, worker.source, warm)
+            worker.sent += len(warm)
+            result.extra["warmup_s"] = await worker.counter.wait_for(
+                worker.sent,
+                stall_s=max(cfg.stall_seconds, 60),
+                check_alive=process.check_alive,
+                what="warm-up results",
             )
-
             # 2. Throughput: freeze, pre-produce the backlog, thaw; window = thaw -> last result.
-            rounds: list[dict[str, Any]] = []
-            size = worker.requests
-            for round_no in range(4):
-                prefix = f"{key}-t{round_no}"
-                backlog = make_requests(size, prefix, seed=2 + round_no)
-                spy = self._start_profiler(key, process, round_no)
-                idle = [p.pid for p in self.processes if p is not process and p.running()]
-                cpu = CpuMeter({"worker": process.pid, **self.services, "idle_workers": idle})
-                process.freeze()
-                try:
-                    produce_s = await produce_all(self.kafka, source, backlog)
-                    sent += size
-                finally:
-                    cpu.start()
-                    thawed_at = time.time()
-                    process.thaw()
-                try:
-                    await counter.wait_for(sent, stall_s=cfg.stall_seconds, check_alive=alive)
-                finally:
-                    usage = cpu.stop()
-                    if spy is not None:
-                        result.extra["profile"] = stop_profiler(*spy)
-                found, dups = index_by_id(
-                    await read_topic(self.kafka, sink, sent, idle_s=0.2), f"{prefix}-"
-                )
-                check_complete(found, backlog, f"({key}) throughput phase")
-                verify(found, {r.key.decode(): r.value for r in backlog if r.key})
-                result.duplicates += dups
-                stamps = [r.timestamp for r in found.values()]
-                window = max(stamps) / 1000 - thawed_at
-                rounds.append(
-                    {
-                        "requests": size,
-                        "window_s": window,
-                        "first_result_after_s": min(stamps) / 1000 - thawed_at,
-                        "throughput": size / window,
-                        "preproduce_rate": size / produce_s,
-                        "frozen_s": produce_s,
-                        # CPU used from thaw until the count was seen complete (polls every ~0.1 s).
-                        "cpu": usage,
-                        "worker_cpu_us_per_request": round(usage["worker_cpu_s"] / size * 1e6, 1),
-                    }
-                )
-                result.requests, result.window_s, result.throughput = size, window, size / window
-                if window >= cfg.min_window_s or size >= cfg.max_requests:
-                    break
-                size = min(
-                    cfg.max_requests, math.ceil(size * 1.3 * cfg.min_window_s / max(window, 0.05))
-                )
-            result.extra["throughput_rounds"] = rounds
-            last_cpu = rounds[-1]["cpu"]
-            if last_cpu["other_cpu_s"] > 0.25 * last_cpu["wall_s"]:
-                result.notes.append(
-                    f"[yellow]other jobs used {last_cpu['other_cpu_s']:.1f} CPU-s of the machine during the "
-                    f"{last_cpu['wall_s']:.1f} s window: throughput disturbed[/]"
-                )
-            if max(r["frozen_s"] for r in rounds) > 5.0:
-                result.notes.append(
-                    "worker frozen > 5 s: near the 10 s session timeout, a rebalance may be in the window"
-                )
-            if result.window_s is not None and result.window_s < cfg.min_window_s:
-                result.notes.append(f"window only {result.window_s:.2f}s (raise --max-requests)")
-
+            size, profile = worker.requests, worker.key == "d"
+            await phases.throughput(worker, cfg, self.services, size=size, profile=profile)
             # 3. Latency at a fixed offered rate; if the queue grew (saturated), halve it and retry.
             assert result.throughput is not None
-            attempts: list[dict[str, Any]] = []
             rate = min(result.throughput * cfg.latency_load, cfg.latency_max_rate)
-            for attempt in range(cfg.latency_attempts):
-                before = _scrape_stage(process) if key == "d" else None
-                m = max(50, int(rate * cfg.latency_seconds))
-                prefix = f"{key}-l{attempt}"
-                timed = make_requests(m, prefix, seed=10 + attempt)
-                achieved = await produce_at_rate(self.kafka, source, timed, rate)
-                sent += m
-                await counter.wait_for(sent, stall_s=cfg.stall_seconds, check_alive=alive)
-                found, dups = index_by_id(
-                    await read_topic(self.kafka, sink, sent, idle_s=0.3), f"{prefix}-"
-                )
-                check_complete(found, timed, f"({key}) latency phase at {rate:.0f}/s")
-                verify(found, {r.key.decode(): r.value for r in timed if r.key})
-                result.duplicates += dups
-                inputs, _ = index_by_id(
-                    await read_topic(self.kafka, source, sent, idle_s=0.1), f"{prefix}-"
-                )
-                ordered = sorted(found, key=lambda cid: inputs[cid].timestamp)
-                latencies = [found[cid].timestamp - inputs[cid].timestamp for cid in ordered]
-                sent_at = [inputs[cid].timestamp for cid in ordered]
-                verdict = queue_verdict(sent_at, latencies, achieved, rate)
-                attempts.append(
-                    {
-                        "timeline_p50_ms": latency_timeline(sent_at, latencies),
-                        "offered": rate,
-                        "achieved": achieved,
-                        "requests": m,
-                        "p50_ms": float(np.percentile(latencies, 50)),
-                        "p99_ms": float(np.percentile(latencies, 99)),
-                        "verdict": verdict,
-                    }
-                )
-                if before is not None:
-                    attempts[-1]["stage_metrics"] = _stage_breakdown(before, _scrape_stage(process))
-                result.latency_offered_rate, result.latency_achieved_rate = rate, achieved
-                latency_summary(result, latencies)
-                if verdict == "ok":
-                    break
-                rate /= 2
-            result.extra["latency_attempts"] = attempts
-            _latency_notes(result, attempts)
+            await phases.latency(worker, cfg, rate)
             if result.duplicates:
                 result.notes.append(
                     f"{result.duplicates} duplicate results (at-least-once redelivery)"
                 )
-        if key == "d":
+        if worker.key == "d":
             dead = await read_topic(self.kafka, self.topic("d", "dead-letters"), 0, idle_s=0.3)
             if dead:
                 raise BenchmarkFailure(
@@ -534,88 +405,25 @@ class Benchmark:
         return result
 
 
-def _latency_notes(result: CaseResult, attempts: list[dict[str, Any]]) -> None:
-    if attempts[-1]["verdict"] != "ok":
-        result.notes.append(
-            f"latency phase saturated even at {attempts[-1]['offered']:.0f}/s: {attempts[-1]['verdict']}"
-        )
-    elif len(attempts) > 1:
-        result.notes.append(
-            "higher latency rates saturated ("
-            + "; ".join(f"{a['offered']:.0f}/s: {a['verdict']}" for a in attempts[:-1])
-            + ")"
-        )
-
-
-def stop_profiler(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    return {"collapsed_stacks": str(out), **summarize_profile(out)}
-
-
-def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
-    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
-    own: dict[str, int] = {}
-    inclusive: dict[str, int] = {}
-    total = 0
-    if not path.exists():
-        return {"samples": 0}
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
-        own[frames[-1]] = own.get(frames[-1], 0) + n
-        for frame in set(frames):
-            inclusive[frame] = inclusive.get(frame, 0) + n
-
-    def share(table: dict[str, int]) -> list[tuple[str, float]]:
-        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
-        return [(name, round(100 * n / total, 1)) for name, n in ranked]
-
-    return {"samples": total, "self_pct": share(own), "inclusive_pct": share(inclusive)}
-
-
 # =========================================================================== verification
-_METRICS_URL = re.compile(r"health/metrics on (http://\S+/metrics)")
-
-
-def _scrape_stage(process: WorkerProcess) -> dict[str, float]:
+def _scrape_stage(process: WorkerProcess) -> Values:
     """The stage's own Prometheus histograms (sums and counts), from its /metrics endpoint."""
-    found = _METRICS_URL.search(process.log_path.read_text(errors="replace"))
-    if not found:
-        return {}
-    try:
-        with urllib.request.urlopen(found.group(1), timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")) and not sample.name.endswith("_created"):
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
+    return scrape_worker(process, lambda name: name.endswith(("_sum", "_count")))
 
 
-def _stage_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+def _stage_breakdown(before: Values, after: Values) -> dict[str, float]:
     """Means over one phase, from the difference of two scrapes."""
-
-    def mean(name: str, scale: float = 1000.0) -> float | None:
-        count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
-        total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
-        return round(total / count * scale, 2) if count > 0 else None
-
     out = {
-        "end_to_end_mean_ms": mean("pipeline_end_to_end_latency_seconds"),
-        "queue_delay_mean_ms": mean("pipeline_queue_delay_seconds"),
-        "triton_call_mean_ms": mean("pipeline_triton_request_duration_seconds"),
-        "batch_rows_mean": mean("pipeline_batch_size", 1.0),
+        "end_to_end_mean_ms": delta_mean(
+            before, after, "pipeline_end_to_end_latency_seconds", scale=1000.0
+        ),
+        "queue_delay_mean_ms": delta_mean(
+            before, after, "pipeline_queue_delay_seconds", scale=1000.0
+        ),
+        "triton_call_mean_ms": delta_mean(
+            before, after, "pipeline_triton_request_duration_seconds", scale=1000.0
+        ),
+        "batch_rows_mean": delta_mean(before, after, "pipeline_batch_size"),
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -647,12 +455,8 @@ def _valid_responses(found: dict[str, Any], sent: dict[str, bytes]) -> None:
 
 # =========================================================================== report
 def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
-    def tp(key: str) -> float | None:
-        r = results.get(key)
-        return r.throughput if r is not None and r.error is None else None
-
     out: dict[str, Any] = {}
-    a, b, c, d = tp("a"), tp("b"), tp("c"), tp("d")
+    a, b, c, d = (report.throughput_of(results, key) for key in "abcd")
     if d is not None and a is not None and b is not None:
         bound = min(a, b)
         out["d_over_min_a_b"] = d / bound
@@ -666,12 +470,6 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
     return out
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:,.{digits}f}"
-
-
 def print_report(
     meta: dict[str, Any], config: Config, results: dict[str, CaseResult], rat: dict[str, Any]
 ) -> None:
@@ -679,10 +477,8 @@ def print_report(
     v = meta["versions"]
     console.print(
         f"\n[bold]Stateless stage benchmark[/]  {m['date']}\n"
-        f"machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, Linux {m['kernel']}, "
-        f"Python {m['python']}; broker, Triton, workers and the measuring process share them\n"
-        f"versions: Triton {v['triton_server']}, {v['tansu']}, aiokafka {v['aiokafka']}, "
-        f"tritonclient {v['tritonclient']}, faust-streaming {v['faust-streaming']}\n"
+        f"{report.machine_line(m)}; broker, Triton, workers and the measuring process share them\n"
+        f"{report.versions_line(v, 'aiokafka', 'tritonclient', 'faust-streaming')}\n"
         f"model {MODEL} (16 FP32 -> 4 logits, 1 row/request, {meta['request_bytes']} B request values); "
         f"batch {config.batch}, concurrency {config.concurrency}; consumer fetch_max_wait_ms "
         + (
@@ -691,19 +487,10 @@ def print_report(
             else f"{meta['project_consumer']['fetch_max_wait_ms']} (the project's default)"
         )
     )
-    table = Table()
-    for name, justify in (
-        ("case", "left"),
-        ("what", "left"),
-        ("N", "right"),
-        ("window s", "right"),
-        ("throughput", "right"),
-        ("worker CPU µs/req", "right"),
-        ("latency at", "right"),
-        ("p50 ms", "right"),
-        ("p99 ms", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table = report.case_table(
+        ("case", "what", "N", "window s", "throughput", "worker CPU µs/req", "latency at")
+        + ("p50 ms", "p99 ms")
+    )
     notes: list[str] = []
     for key in CASES:
         r = results.get(key)
@@ -717,18 +504,17 @@ def print_report(
             notes.append(f"({key}) [{style}]{r.error}[/]")
             continue
         digits = 2 if key == "b" else 0
+        rounds = r.extra.get("throughput_rounds")
         table.add_row(
             key,
             r.name,
             f"{r.requests:,}",
-            _fmt(r.window_s, 2),
-            f"{_fmt(r.throughput, 0)} {r.unit}",
-            _fmt(rounds[-1].get("worker_cpu_us_per_request"), 0)
-            if (rounds := r.extra.get("throughput_rounds"))
-            else "-",
-            f"{_fmt(r.latency_achieved_rate, 0)}/s",
-            _fmt(r.p50_ms, digits),
-            _fmt(r.p99_ms, digits),
+            fmt(r.window_s, 2),
+            f"{fmt(r.throughput)} {r.unit}",
+            fmt(rounds[-1].get("worker_cpu_us_per_request")) if rounds else "-",
+            f"{fmt(r.latency_achieved_rate)}/s",
+            fmt(r.p50_ms, digits),
+            fmt(r.p99_ms, digits),
         )
         if r.notes:
             notes.append(f"({key}) " + "; ".join(r.notes))
@@ -736,23 +522,22 @@ def print_report(
     for note in notes:
         console.print(note)
     if "d_over_min_a_b" in rat:
-        met = "[green]met[/]" if rat["d_over_min_a_b_met"] else "[bold red]NOT met[/]"
         console.print(
             f"d / min(a, b) = {rat['d_over_min_a_b']:.2f}  (min is {rat['min_a_b_is']}; "
-            f"target >= {TARGET_VS_BOUND}): {met}"
+            f"target >= {TARGET_VS_BOUND}): {verdict(rat['d_over_min_a_b_met'])}"
         )
     if "d_over_c" in rat:
-        met = "[green]met[/]" if rat["d_over_c_met"] else "[bold red]NOT met[/]"
-        console.print(f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): {met}")
-    profile = results["d"].extra.get("profile") if "d" in results else None
-    if profile and profile.get("samples"):
         console.print(
-            f"\n[bold](d) py-spy, last throughput round[/] ({profile['samples']} samples, {profile['collapsed_stacks']})"
+            f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): "
+            f"{verdict(rat['d_over_c_met'])}"
         )
-        for title, rows in (("self", profile["self_pct"]), ("inclusive", profile["inclusive_pct"])):
-            console.print(
-                f"  top {title}: " + "; ".join(f"{pct}% {name}" for name, pct in rows[:15])
-            )
+    report.print_profile(
+        console,
+        "(d) py-spy, last throughput round",
+        results["d"].extra.get("profile") if "d" in results else None,
+        {"top self": "self_pct", "top inclusive": "inclusive_pct"},
+        top=15,
+    )
     console.print(
         "throughput: Kafka cases = N pre-produced requests / (worker thawed -> last result's timestamp); "
         "b = rows/s at saturation.\n"
@@ -763,28 +548,18 @@ def print_report(
 
 # =========================================================================== main
 def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.stateless", description=__doc__.split("\n\n")[0]
+    p = cli.parser("stateless", __doc__)
+    requests_help = (
+        "backlog for a and d, rows for b (default 20000; grown while the window < --min-window)"
     )
+    cli.add_shared(p, "--requests", requests={"default": 20_000, "help": requests_help})
     p.add_argument(
-        "--requests",
-        type=int,
-        default=20_000,
-        help="backlog for a and d, rows for b (default 20000; grown while the window < --min-window)",
+        "--naive-requests", type=int, help="backlog for c (default requests/10, min 300)"
     )
-    p.add_argument(
-        "--naive-requests",
-        type=int,
-        default=None,
-        help="backlog for c (default requests/10, min 300)",
-    )
-    p.add_argument(
-        "--faust-requests", type=int, default=None, help="backlog for e (default requests/2)"
-    )
+    p.add_argument("--faust-requests", type=int, help="backlog for e (default requests/2)")
     p.add_argument(
         "--concurrency",
         type=int,
-        default=None,
         help="batches in flight for b and d (default: dense.yaml's max_inflight_batches)",
     )
     p.add_argument(
@@ -793,83 +568,38 @@ def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
     p.add_argument(
         "--max-queue-delay-ms",
         type=float,
-        default=None,
         help="batching delay for b and d (default: dense.yaml's)",
     )
-    p.add_argument("--latency-seconds", type=float, default=4.0)
-    p.add_argument(
-        "--latency-load", type=float, default=0.5, help="fraction of measured throughput offered"
+    cli.add_shared(
+        p,
+        *("--latency-seconds", "--latency-load", "--latency-max-rate", "--latency-attempts"),
+        *("--warmup-requests", "--min-window", "--max-requests", "--fetch-max-wait-ms"),
+        *("--profile", "--cases", "--stall-seconds", "--json"),
+        latency_attempts={"default": 3},
+        max_requests={"default": 300_000},
+        fetch_max_wait_ms={
+            "help": "what-if: override the consumers' fetch_max_wait_ms in a, c and d "
+            "(default: the project's, see pipeline/kafka/clients.py)"
+        },
+        profile={
+            "help": "record case d's throughput rounds with py-spy (collapsed stacks) into DIR"
+        },
+        cases={"default": "abcde", "help": "which cases to run, e.g. 'abd' (default abcde)"},
     )
-    p.add_argument(
-        "--latency-max-rate",
-        type=float,
-        default=5000.0,
-        help="cap on the latency phase's rate, so fast cases compare at one load (req/s)",
-    )
-    p.add_argument(
-        "--latency-attempts",
-        type=int,
-        default=3,
-        help="halve the latency rate up to this many times while the phase saturates",
-    )
-    p.add_argument("--warmup-requests", type=int, default=200)
-    p.add_argument(
-        "--min-window",
-        type=float,
-        default=2.0,
-        help="repeat the throughput phase with a bigger backlog until it lasts this long (s)",
-    )
-    p.add_argument("--max-requests", type=int, default=300_000, help="cap on that backlog")
-    p.add_argument(
-        "--fetch-max-wait-ms",
-        type=int,
-        default=None,
-        help="what-if: override the consumers' fetch_max_wait_ms in a, c and d "
-        "(default: the project's, see pipeline/kafka/clients.py)",
-    )
-    p.add_argument(
-        "--profile",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="record case d's throughput rounds with py-spy (collapsed stacks) into DIR",
-    )
-    p.add_argument(
-        "--cases", default="abcde", help="which cases to run, e.g. 'abd' (default abcde)"
-    )
-    p.add_argument(
-        "--stall-seconds",
-        type=float,
-        default=30.0,
-        help="fail when no result arrives for this long",
-    )
-    p.add_argument("--json", type=Path, default=None, help="write the raw numbers here")
     a = p.parse_args(argv)
     base = yaml.safe_load(BASE_TOPOLOGY.read_text())["stages"][0]["batching"]
-    if not a.cases or not set(a.cases) <= set(CASES):
-        p.error(f"--cases takes letters from {''.join(CASES)}")
-    config = Config(
-        requests=a.requests,
+    config = cli.config_from(
+        Config,
+        a,
+        cases="".join(cli.select_cases(p, a.cases, CASES)),
         naive_requests=a.naive_requests or max(300, a.requests // 10),
         faust_requests=a.faust_requests or max(300, a.requests // 2),
-        batch=a.batch,
         concurrency=a.concurrency or int(base.get("max_inflight_batches") or 4),
         max_queue_delay_ms=(
             a.max_queue_delay_ms
             if a.max_queue_delay_ms is not None
             else float(base["max_queue_delay_ms"])
         ),
-        latency_seconds=a.latency_seconds,
-        latency_load=a.latency_load,
-        latency_attempts=a.latency_attempts,
-        latency_max_rate=a.latency_max_rate,
-        warmup_requests=a.warmup_requests,
-        min_window_s=a.min_window,
-        max_requests=a.max_requests,
-        fetch_max_wait_ms=a.fetch_max_wait_ms,
-        profile_dir=a.profile,
-        cases="".join(k for k in CASES if k in a.cases),
-        stall_seconds=a.stall_seconds,
     )
     return config, a.json
 
@@ -884,17 +614,6 @@ async def _project_consumer_defaults(endpoints: Endpoints) -> dict[str, Any]:
         }
     finally:
         await consumer.stop()
-
-
-def _report_progress(key: str, result: CaseResult, started: float) -> None:
-    r = result
-    console.print(
-        f"    ({key}) done in {time.perf_counter() - started:.1f}s: "
-        + (
-            r.error
-            or f"{_fmt(r.throughput, 0)} {r.unit}, p50 {_fmt(r.p50_ms, 2)} ms, p99 {_fmt(r.p99_ms, 2)} ms"
-        )
-    )
 
 
 async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
@@ -943,7 +662,7 @@ async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
                 if key in workers:
                     code = workers.pop(key).process.stop()
                     results[key].extra["worker_exit_code"] = code
-            _report_progress(key, results[key], started)
+            console.print(report.done_line(key, results[key], started, digits=2))
     finally:
         for worker in workers.values():
             worker.process.stop(5)
@@ -952,52 +671,14 @@ async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
 
 def main(argv: list[str] | None = None) -> int:
     config, json_path = parse_args(argv)
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-stateless-"))
-    started = time.perf_counter()
-    stack = EmbeddedStack(log_dir=log_dir / "stack")
-    try:
-        with console.status("starting the embedded stack") as status:
-            endpoints = stack.start(progress=lambda msg: status.update(msg))
-        assert endpoints.triton.grpc_url and endpoints.kafka.bootstrap_servers
-        meta: dict[str, Any] = {
-            "machine": machine_info(),
-            "versions": {
-                "triton_server": triton_version(endpoints.triton.grpc_url),
-                "tansu": tansu_version(),
-                **package_versions(
-                    ["aiokafka", "tritonclient", "grpcio", "faust-streaming", "numpy", "protobuf"]
-                ),
-            },
-            "request_bytes": len(make_requests(1, "x-t")[0].value),
-            "log_dir": str(log_dir),
-        }
-        meta["project_consumer"] = asyncio.run(_project_consumer_defaults(endpoints))
-        console.print(
-            f"stack up: Kafka {endpoints.kafka.bootstrap_servers}, Triton {endpoints.triton.grpc_url}; logs in {log_dir}"
-        )
-        services = {p.name.split("-")[0]: p.pid for p in stack.processes if p.pid is not None}
-        results = asyncio.run(run_cases(Benchmark(config, endpoints, log_dir, services)))
-    finally:
-        stack.stop()
-    meta["total_seconds"] = time.perf_counter() - started
+    with embedded_stack(console, "stateless", PACKAGES) as up:
+        up.meta["request_bytes"] = len(make_requests(1, "x-t")[0].value)
+        up.meta["project_consumer"] = asyncio.run(_project_consumer_defaults(up.endpoints))
+        results = asyncio.run(run_cases(Benchmark(config, up)))
     rat = ratios(results)
-    print_report(meta, config, results, rat)
+    print_report(up.meta, config, results, rat)
     failed = [k for k, r in results.items() if r.error is not None and not r.skipped]
-    if json_path is not None:
-        payload = {
-            "meta": meta,
-            "config": config.__dict__,
-            "cases": {k: r.as_dict() for k, r in results.items()},
-            "ratios": rat,
-            "failed": failed,
-        }
-        json_path.write_text(json.dumps(payload, indent=2, default=str))
-        console.print(f"raw numbers written to {json_path}")
-    console.print(f"total {meta['total_seconds']:.0f}s")
-    if failed:
-        console.print(f"[bold red]benchmark FAILED for case(s) {', '.join(failed)}[/]")
-        return 1
-    return 0
+    return finish(console, json_path, up, config, results, rat, failed)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import time
 
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from benchmarks import cli
 from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.settings import KafkaSettings
 
@@ -88,17 +89,18 @@ async def echo(args: argparse.Namespace, stop: asyncio.Event) -> dict[str, int]:
 
 
 async def naive(args: argparse.Namespace, stop: asyncio.Event) -> dict[str, int]:
-    import tritonclient.grpc.aio as triton_aio
     from tritonclient.grpc import InferInput, InferRequestedOutput
 
     from pipeline.contract.records import result_headers
     from pipeline.contract.request import decode_request
     from pipeline.contract.response import encode_response
+    from pipeline.settings import TritonSettings
+    from pipeline.triton.client import aio_client
 
     kafka = KafkaSettings(bootstrap_servers=args.bootstrap)
     producer = make_producer(kafka, linger_ms=0)
     consumer = make_consumer(kafka, args.input, group_id=args.group, **_consumer_overrides(args))
-    client = triton_aio.InferenceServerClient(args.triton)
+    client = aio_client(TritonSettings(grpc_url=args.triton))
     await producer.start()
     await consumer.start()
     print("READY", flush=True)
@@ -155,7 +157,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.workers")
+    parser = cli.parser("workers", None)
     parser.add_argument("kind", choices=["echo", "naive"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--input", required=True)
@@ -166,12 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--drop-every", type=int, default=0, help="self-test: drop every Nth record (echo)"
     )
-    parser.add_argument(
-        "--fetch-max-wait-ms",
-        type=int,
-        default=None,
-        help="override the project's consumer default (pipeline/kafka/clients.py)",
-    )
+    cli.add_shared(parser, "--fetch-max-wait-ms")
     asyncio.run(_main(parser.parse_args(argv)))
 
 
