@@ -64,17 +64,11 @@ def build_dense_classifier(seed: int = 0) -> onnx.ModelProto:
             numpy_helper.from_array(b2, "b2"),
         ],
     )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="streaming-inference-pipeline/scripts/make_sample_models.py",
-    )
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return _finish(graph)
 
 
 def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """The model of ``graph``: our opset, IR version and producer name, checked."""
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],

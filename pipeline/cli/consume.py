@@ -35,61 +35,32 @@ DEFAULT_IDLE_S = 10.0
 @app.command()
 def consume(
     topology: Annotated[
-        Path | None,
-        typer.Option(
-            "--topology",
-            help="Topology file: read its result and dead-letter topics.",
-            show_default=False,
-        ),
+        Path | None, typer.Option("--topology", help="Topology file: read its result and dead-letter topics.")
     ] = None,
     topics: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--topic",
-            help="Topic to read (repeatable; overrides the topology's).",
-            show_default=False,
-        ),
+        list[str] | None, typer.Option("--topic", help="Topic to read (repeatable; overrides the topology's).")
     ] = None,
     from_beginning: Annotated[
-        bool,
-        typer.Option(
-            "--from-beginning", help="Start at the oldest record (default: only new ones)."
-        ),
+        bool, typer.Option("--from-beginning", help="Start at the oldest record (default: only new ones).")
     ] = False,
-    count: Annotated[
-        int | None,
-        typer.Option("--count", min=1, help="Stop after this many records.", show_default=False),
-    ] = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", help="Keep reading until Ctrl-C (no idle timeout).")
-    ] = False,
+    count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many records.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep reading until Ctrl-C (no idle timeout).")] = False,
     timeout: Annotated[
         float | None,
         typer.Option(
-            "--timeout",
-            min=0.0,
-            help=f"Stop after this many seconds without a record (default: {DEFAULT_IDLE_S:g}).",
-            show_default=False,
+            "--timeout", min=0.0, help=f"Stop after this many seconds without a record (default: {DEFAULT_IDLE_S:g})."
         ),
     ] = None,
     group: Annotated[
         str | None,
-        typer.Option(
-            "--group",
-            help="Consumer group to join and commit in (default: none, nothing committed).",
-            show_default=False,
-        ),
+        typer.Option("--group", help="Consumer group to join and commit in (default: none, nothing committed)."),
     ] = None,
-    show: Annotated[
-        bool, typer.Option("--show", help="Print one line per record (the default).")
-    ] = False,
+    show: Annotated[bool, typer.Option("--show", help="Print one line per record (the default).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="Print only the summary.")] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="JSON Lines: one object per record, the summary last.")
     ] = False,
-    values: Annotated[
-        int, typer.Option("--values", min=0, help="Tensor values shown per tensor; 0 = all.")
-    ] = 8,
+    values: Annotated[int, typer.Option("--values", min=0, help="Tensor values shown per tensor; 0 = all.")] = 8,
 ) -> None:
     """Consume result and dead-letter records, print them, and summarise.
 
@@ -116,9 +87,7 @@ def consume(
     asyncio.run(_consume(names, target.kafka(), options, mode, values))
 
 
-async def _consume(
-    topics: list[str], kafka: KafkaSettings, options: ConsumeOptions, mode: str, values: int
-) -> None:
+async def _consume(topics: list[str], kafka: KafkaSettings, options: ConsumeOptions, mode: str, values: int) -> None:
     from pipeline.client import render
     from pipeline.client.consumer import consume
     from pipeline.client.signals import stop_on_signals
@@ -140,12 +109,8 @@ async def _consume(
         until = []
         if options.count is not None:
             until.append(f"{options.count} records")
-        until.append(
-            "Ctrl-C" if options.idle_timeout_s is None else f"{options.idle_timeout_s:g} s idle"
-        )
-        _status(
-            f"consuming {', '.join(topics)} ({len(assigned)} partitions) from {start}, until {' or '.join(until)}"
-        )
+        until.append("Ctrl-C" if options.idle_timeout_s is None else f"{options.idle_timeout_s:g} s idle")
+        _status(f"consuming {', '.join(topics)} ({len(assigned)} partitions) from {start}, until {' or '.join(until)}")
         if missing:
             _status(f"no partitions of {', '.join(missing)} (yet): does the topic exist?")
 

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -46,42 +45,21 @@ class WireFormat(str, Enum):
 @app.command()
 def produce(
     topology: Annotated[
-        Path | None,
-        typer.Option(
-            "--topology",
-            help="Topology file: its input topic and first stage's model.",
-            show_default=False,
-        ),
+        Path | None, typer.Option("--topology", help="Topology file: its input topic and first stage's model.")
     ] = None,
     topic: Annotated[
-        str | None,
-        typer.Option(
-            "--topic", help="Topic to produce to (overrides the topology's).", show_default=False
-        ),
+        str | None, typer.Option("--topic", help="Topic to produce to (overrides the topology's).")
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(
-            "--model",
-            help="Model whose Triton metadata shapes --random/--npy (overrides the topology's).",
-            show_default=False,
-        ),
+        typer.Option("--model", help="Model whose Triton metadata shapes --random/--npy (overrides the topology's)."),
     ] = None,
     json_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--json", help="OIP JSON request file: one request, or JSON Lines.", show_default=False
-        ),
+        Path | None, typer.Option("--json", help="OIP JSON request file: one request, or JSON Lines.")
     ] = None,
-    npy_file: Annotated[
-        Path | None,
-        typer.Option("--npy", help="A .npy array, sent as input --input.", show_default=False),
-    ] = None,
+    npy_file: Annotated[Path | None, typer.Option("--npy", help="A .npy array, sent as input --input.")] = None,
     wav_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--wav", help="A WAV file, sent as FP32 [1, samples] input --input.", show_default=False
-        ),
+        Path | None, typer.Option("--wav", help="A WAV file, sent as FP32 [1, samples] input --input.")
     ] = None,
     random: Annotated[
         bool, typer.Option("--random", help="Random tensors shaped by the model's Triton metadata.")
@@ -89,29 +67,20 @@ def produce(
     audio_file: Annotated[
         Path | None,
         typer.Option(
-            "--audio",
-            help="Stream a WAV file as chunks of one sequence (key = --key), for audio topologies.",
-            show_default=False,
+            "--audio", help="Stream a WAV file as chunks of one sequence (key = --key), for audio topologies."
         ),
     ] = None,
     chunk_ms: Annotated[
-        float,
-        typer.Option("--chunk-ms", min=1.0, help="--audio: chunk length (rounded so resampling is exact)."),
+        float, typer.Option("--chunk-ms", min=1.0, help="--audio: chunk length (rounded so resampling is exact).")
     ] = 32.0,
     speed: Annotated[
-        float,
-        typer.Option("--speed", min=0.0, help="--audio: 1 = real time, 10 = ten times faster, 0 = no pacing."),
+        float, typer.Option("--speed", min=0.0, help="--audio: 1 = real time, 10 = ten times faster, 0 = no pacing.")
     ] = 1.0,
     chunk_wav: Annotated[
         bool, typer.Option("--chunk-wav", help="--audio: send each chunk as a WAV file instead of raw PCM.")
     ] = False,
     input_name: Annotated[
-        str | None,
-        typer.Option(
-            "--input",
-            help="Input tensor name for --npy/--wav (default: the model's only input).",
-            show_default=False,
-        ),
+        str | None, typer.Option("--input", help="Input tensor name for --npy/--wav (default: the model's only input).")
     ] = None,
     count: Annotated[
         int | None,
@@ -119,57 +88,25 @@ def produce(
             "--count",
             min=0,
             help="Requests to send (default: every request of a --json file, 1 for --npy/--wav, 100 for --random); a file's requests repeat to reach it.",
-            show_default=False,
         ),
     ] = None,
-    rate: Annotated[
-        float, typer.Option("--rate", min=0.0, help="Requests per second; 0 = as fast as possible.")
-    ] = 0.0,
-    key: Annotated[
-        str | None,
-        typer.Option(
-            "--key", help="Fixed record key (default: the correlation id).", show_default=False
-        ),
-    ] = None,
+    rate: Annotated[float, typer.Option("--rate", min=0.0, help="Requests per second; 0 = as fast as possible.")] = 0.0,
+    key: Annotated[str | None, typer.Option("--key", help="Fixed record key (default: the correlation id).")] = None,
     wire_format: Annotated[
         WireFormat | None,
-        typer.Option(
-            "--format",
-            help="Wire form of the requests (default: json for --json files, else protobuf).",
-            show_default=False,
-        ),
+        typer.Option("--format", help="Wire form of the requests (default: json for --json files, else protobuf)."),
     ] = None,
-    id_prefix: Annotated[
-        str, typer.Option("--id-prefix", help="Prefix of generated correlation ids.")
-    ] = "",
+    id_prefix: Annotated[str, typer.Option("--id-prefix", help="Prefix of generated correlation ids.")] = "",
     keep_ids: Annotated[
-        bool,
-        typer.Option(
-            "--keep-ids", help="Keep the ids written in a --json file instead of fresh ones."
-        ),
+        bool, typer.Option("--keep-ids", help="Keep the ids written in a --json file instead of fresh ones.")
     ] = False,
     deadline_ms: Annotated[
         int | None,
-        typer.Option(
-            "--deadline-ms",
-            min=1,
-            help="Deadline relative to sending: the deadline header is now + this.",
-            show_default=False,
-        ),
+        typer.Option("--deadline-ms", min=1, help="Deadline relative to sending: the deadline header is now + this."),
     ] = None,
-    priority: Annotated[
-        int | None,
-        typer.Option("--priority", min=0, help="Value of the priority header.", show_default=False),
-    ] = None,
-    length: Annotated[
-        int, typer.Option("--length", min=1, help="Size of variable (-1) dimensions for --random.")
-    ] = 16,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            "--seed", help="Random seed for --random (default: unseeded).", show_default=False
-        ),
-    ] = None,
+    priority: Annotated[int | None, typer.Option("--priority", min=0, help="Value of the priority header.")] = None,
+    length: Annotated[int, typer.Option("--length", min=1, help="Size of variable (-1) dimensions for --random.")] = 16,
+    seed: Annotated[int | None, typer.Option("--seed", help="Random seed for --random (default: unseeded).")] = None,
 ) -> None:
     """Produce inference requests to a topology's input topic (or any topic).
 
@@ -177,7 +114,6 @@ def produce(
     sent-at-ms header, so `pipeline consume` can report end-to-end latency.
     Prints sent / acknowledged / failed counts; exit status 1 if any failed.
     """
-    from pipeline.client.render import produce_summary_lines
     from pipeline.client.sources import RecordBuilder, RecordOptions, describe_inputs, repeat
     from pipeline.client.target import Target
     from pipeline.contract.request import WireForm
@@ -221,14 +157,7 @@ def produce(
     pace = f" at {rate:g}/s" if rate else ""
     announce = f"producing {total} {form.value} request(s){shape} to {destination}{pace}"
     records = (builder.build(t) for t in repeat(templates, total))
-    stats = asyncio.run(_send(records, destination, kafka, total, rate, deadline_ms, announce))
-    for line in produce_summary_lines(stats):
-        print(line)
-    sys.stdout.flush()
-    if stats.interrupted:
-        raise SystemExit(130)
-    if stats.failed:
-        raise PipelineError(f"{stats.failed} of {stats.sent} record(s) failed: {stats.first_error}")
+    _report(asyncio.run(_send(records, destination, kafka, total, rate, deadline_ms, announce)))
 
 
 def _produce_audio(
@@ -244,7 +173,6 @@ def _produce_audio(
     """One stream: the file's chunks in order, paced at ``speed`` x real time."""
     import secrets
 
-    from pipeline.client.render import produce_summary_lines
     from pipeline.client.sources import RecordBuilder, RecordOptions, audio_stream_requests
     from pipeline.client.target import Target
     from pipeline.contract.request import WireForm
@@ -264,14 +192,7 @@ def _produce_audio(
         f"({plan.chunk_samples} samples at {plan.sample_rate} Hz) to {destination}, {pace}"
     )
     records = [builder.build(t) for t in templates]
-    stats = asyncio.run(_send(records, destination, target.kafka(), len(records), rate, None, announce))
-    for line in produce_summary_lines(stats):
-        print(line)
-    sys.stdout.flush()
-    if stats.interrupted:
-        raise SystemExit(130)
-    if stats.failed:
-        raise PipelineError(f"{stats.failed} of {stats.sent} record(s) failed: {stats.first_error}")
+    _report(asyncio.run(_send(records, destination, target.kafka(), len(records), rate, None, announce)))
 
 
 def _templates(
@@ -308,6 +229,19 @@ def _describe(target: Target) -> ModelDescription:
         return admin.describe(target.model, target.model_version)
 
 
+def _report(stats: ProduceStats) -> None:
+    """Print the summary; exit 130 after a signal, fail (exit 1) if any record failed."""
+    from pipeline.client.render import produce_summary_lines
+
+    for line in produce_summary_lines(stats):
+        print(line)
+    sys.stdout.flush()
+    if stats.interrupted:
+        raise SystemExit(130)
+    if stats.failed:
+        raise PipelineError(f"{stats.failed} of {stats.sent} record(s) failed: {stats.first_error}")
+
+
 async def _send(
     records: Iterable[Record],
     topic: str,
@@ -332,9 +266,7 @@ async def _send(
             options=SendOptions(rate=rate, deadline_ms=deadline_ms),
             planned=total,
             on_progress=progress.update,
-            on_connected=lambda: console_err.print(
-                announce, highlight=False, markup=False, soft_wrap=True
-            ),
+            on_connected=lambda: console_err.print(announce, highlight=False, markup=False, soft_wrap=True),
             stop=stop,
         )
 
@@ -363,25 +295,16 @@ class _ProgressReporter:
                 TextColumn("sending"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn(
-                    "acked {task.fields[acked]}, failed {task.fields[failed]}, {task.fields[rate]:.0f}/s"
-                ),
+                TextColumn("acked {task.fields[acked]}, failed {task.fields[failed]}, {task.fields[rate]:.0f}/s"),
                 TimeElapsedColumn(),
                 console=console_err,
                 transient=True,
             )
             self._progress.start()
-            self._task = self._progress.add_task(
-                "send", total=self.total, acked=0, failed=0, rate=0.0
-            )
+            self._task = self._progress.add_task("send", total=self.total, acked=0, failed=0, rate=0.0)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._progress is not None:
             self._progress.stop()
 

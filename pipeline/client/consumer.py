@@ -18,15 +18,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from pipeline.client.connect import start_client
 from pipeline.client.decoding import Consumed, classify
-from pipeline.contract.errors import one_line
-from pipeline.errors import EndpointUnreachable
+from pipeline.contract.errors import TextEnum
 from pipeline.kafka.clients import make_consumer
 from pipeline.settings import KafkaSettings
 
@@ -39,15 +37,12 @@ GROUP_SESSION_TIMEOUT_S = 10.0
 _POLL_MS = 200
 
 
-class StopReason(str, Enum):
+class StopReason(TextEnum):
     """Why reading ended: ``--count`` reached, ``--timeout`` idle, or Ctrl-C/SIGTERM."""
 
     COUNT = "count"
     IDLE = "idle"
     SIGNAL = "signal"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -90,14 +85,7 @@ async def consume(
         auto_offset_reset="earliest" if options.from_beginning else "latest",
         **overrides,
     )
-    try:
-        await asyncio.wait_for(consumer.start(), options.connect_timeout_s)
-    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-        await consumer.stop()
-        reason = one_line(str(exc)) or f"no answer within {options.connect_timeout_s:g} s"
-        raise EndpointUnreachable(
-            f"cannot reach Kafka at {settings.bootstrap_servers}: {reason}"
-        ) from None
+    await start_client(consumer, settings, options.connect_timeout_s)
     try:
         consumer.subscribe(topics)
         # A group join waits for the members of the previous generation, up to a session timeout.

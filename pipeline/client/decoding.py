@@ -16,43 +16,26 @@ whatever is on a topic, especially what is wrong with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
-from typing import Protocol
 
 import numpy as np
 
 from pipeline.client.headers import SENT_AT_MS
 from pipeline.contract import headers as h
-from pipeline.contract.errors import BadRequest
+from pipeline.contract.errors import BadRequest, TextEnum
 from pipeline.contract.records import DeadLetter, read_dead_letter
-from pipeline.contract.request import decode_request
-from pipeline.contract.response import decode_response
+from pipeline.contract.request import InferenceRequest, decode_request
+from pipeline.contract.response import InferenceResponse, decode_response
+from pipeline.kafka.records import ConsumedRecord
 
 
-class Kind(str, Enum):
+class Kind(TextEnum):
     """What a consumed record turned out to be."""
 
     RESULT = "result"
     DEAD_LETTER = "dead-letter"
     REQUEST = "request"
     UNDECODABLE = "undecodable"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class KafkaRecord(Protocol):
-    """The attributes of aiokafka's ``ConsumerRecord`` that classification reads."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,7 +72,7 @@ class Consumed:
         return None if self.sent_at_ms is None else self.timestamp_ms - self.sent_at_ms
 
 
-def classify(record: KafkaRecord) -> Consumed:
+def classify(record: ConsumedRecord) -> Consumed:
     """Decode ``record`` as whatever it is; never raises for bad record contents."""
     headers = [(name, bytes(value)) for name, value in record.headers or () if value is not None]
     base = Consumed(
@@ -110,31 +93,27 @@ def classify(record: KafkaRecord) -> Consumed:
         return replace(base, kind=Kind.DEAD_LETTER, dead_letter=dead)
     first_error: BadRequest | None = None
     for kind in _attempts(headers):
+        message: InferenceResponse | InferenceRequest
         try:
             if kind is Kind.RESULT:
-                response = decode_response(record.value, headers)
-                return replace(
-                    base,
-                    kind=kind,
-                    correlation_id=response.correlation_id,
-                    model_name=response.model_name,
-                    model_version=response.model_version,
-                    tensors=response.outputs,
-                    datatypes=response.datatypes,
-                    part=str(response.parameters.get("segment_index", "")),
-                )
-            request = decode_request(record.value, headers)
-            return replace(
-                base,
-                kind=kind,
-                correlation_id=request.correlation_id,
-                model_name=request.model_name,
-                model_version=request.model_version,
-                tensors=request.inputs,
-                datatypes=request.datatypes,
-            )
+                message = decode_response(record.value, headers)
+                tensors, part = message.outputs, str(message.parameters.get("segment_index", ""))
+            else:
+                message = decode_request(record.value, headers)
+                tensors, part = message.inputs, ""
         except BadRequest as exc:
             first_error = first_error or exc
+            continue
+        return replace(
+            base,
+            kind=kind,
+            correlation_id=message.correlation_id,
+            model_name=message.model_name,
+            model_version=message.model_version,
+            tensors=tensors,
+            datatypes=message.datatypes,
+            part=part,
+        )
     return replace(base, problem=str(first_error))
 
 

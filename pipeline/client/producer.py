@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from pipeline.client.connect import start_client
 from pipeline.client.headers import SENT_AT_MS, now_ms
 from pipeline.client.pacing import Pacer
 from pipeline.contract import headers as h
@@ -114,7 +114,7 @@ async def produce(
     """
     stats = ProduceStats(topic=topic, planned=planned)
     producer = make_producer(settings)
-    await _start(producer, settings, options.connect_timeout_s)
+    await start_client(producer, settings, options.connect_timeout_s)
     if on_connected is not None:
         on_connected()
     pending: set[asyncio.Future[object]] = set()
@@ -168,15 +168,3 @@ async def produce(
     if on_progress is not None:
         on_progress(stats)
     return stats
-
-
-async def _start(producer: AIOKafkaProducer, settings: KafkaSettings, timeout: float) -> None:
-    """Start the producer, turning "nobody answers" into one line within ``timeout``."""
-    try:
-        await asyncio.wait_for(producer.start(), timeout)
-    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-        await producer.stop()
-        reason = one_line(str(exc)) or f"no answer within {timeout:g} s"
-        raise EndpointUnreachable(
-            f"cannot reach Kafka at {settings.bootstrap_servers}: {reason}"
-        ) from None

@@ -411,15 +411,18 @@ def audio_stream_requests(
     ``[frames, channels]``, with a ``sample_rate`` parameter; or, with ``as_wav``, a
     small WAV file in a BYTES tensor. The pipeline decodes, downmixes and resamples.
     """
+    from pipeline.audio import SampleFormat
     from pipeline.audio.wav import canonical_wav
 
     audio = read_wav(Path(path))
     size = chunk_samples_for(audio.sample_rate, chunk_ms, target_rate)
-    count = max(1, -(-audio.frames // size))
+    count = max(1, -(-audio.info.frames // size))
+    pcm16 = audio.info.sample_format is SampleFormat.PCM_S16  # sent as INT16; all else as FP32
+    sent_as = SampleFormat.PCM_S16 if pcm16 else SampleFormat.FLOAT32
     templates = []
     for index in range(count):
         piece = audio.samples[index * size : (index + 1) * size]
-        if audio.source_format == "PCM16":
+        if sent_as is SampleFormat.PCM_S16:
             pcm = np.clip(np.round(piece * 32768.0), -32768, 32767).astype("<i2")
         else:
             pcm = np.ascontiguousarray(piece, dtype=np.float32)
@@ -430,13 +433,14 @@ def audio_stream_requests(
             SEQUENCE_END: index == count - 1,
         }
         if as_wav:
-            pcm_format, bits = (1, 16) if pcm.dtype == np.int16 else (3, 32)  # WAVE_FORMAT_PCM / IEEE_FLOAT
-            wav = canonical_wav(pcm_format, pcm.shape[1], audio.sample_rate, bits, pcm.tobytes())
+            wav = canonical_wav(
+                sent_as.format_tag, pcm.shape[1], audio.sample_rate, sent_as.bits, pcm.tobytes()
+            )
             inputs = {"audio": np.array([wav], dtype=object)}
             datatypes = {"audio": "BYTES"}
         else:
             inputs = {"audio": pcm}
-            datatypes = {"audio": "INT16" if pcm.dtype == np.int16 else "FP32"}
+            datatypes = {"audio": "INT16" if sent_as is SampleFormat.PCM_S16 else "FP32"}
             parameters["sample_rate"] = audio.sample_rate
         templates.append(RequestTemplate(inputs=inputs, datatypes=datatypes, parameters=parameters))
     return templates, AudioStreamPlan(size, audio.sample_rate, count)

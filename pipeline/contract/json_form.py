@@ -37,30 +37,30 @@ def parse_request(value: bytes) -> Payload:
     raw_inputs = body.get("inputs")
     if raw_inputs is None or raw_inputs == []:
         raise BadRequest(ErrorClass.MISSING_INPUT, "request has no inputs")
-    arrays, datatypes = _tensors(raw_inputs, "inputs", duplicate=ErrorClass.DUPLICATE_INPUT)
-    return Payload(
-        id=_optional_str(body, "id"),
-        model_name=_optional_str(body, "model_name"),
-        model_version=_optional_str(body, "model_version"),
-        tensors=arrays,
-        datatypes=datatypes,
-        requested_outputs=_requested_outputs(body.get("outputs", [])),
-        parameters=_parameters(body.get("parameters", {})),
-    )
+    decoded = _tensors(raw_inputs, "inputs", duplicate=ErrorClass.DUPLICATE_INPUT)
+    return _payload(body, decoded, request=True)
 
 
 def parse_response(value: bytes) -> Payload:
     """Decode an OIP JSON inference response (consumers and tests)."""
     body = _load_object(value, _RESPONSE_KEYS)
-    arrays, datatypes = _tensors(
-        body.get("outputs", []), "outputs", duplicate=ErrorClass.MALFORMED_REQUEST
-    )
+    decoded = _tensors(body.get("outputs", []), "outputs", duplicate=ErrorClass.MALFORMED_REQUEST)
+    return _payload(body, decoded, request=False)
+
+
+def _payload(
+    body: dict[str, Any], decoded: tuple[dict[str, np.ndarray], dict[str, str]], *, request: bool
+) -> Payload:
+    """The rest of a request or response body around its decoded tensors (a request's
+    ``outputs`` names the outputs it wants; a response's held the tensors)."""
+    arrays, datatypes = decoded
     return Payload(
         id=_optional_str(body, "id"),
         model_name=_optional_str(body, "model_name"),
         model_version=_optional_str(body, "model_version"),
         tensors=arrays,
         datatypes=datatypes,
+        requested_outputs=_requested_outputs(body.get("outputs", [])) if request else (),
         parameters=_parameters(body.get("parameters", {})),
     )
 

@@ -45,15 +45,7 @@ def parse_request(value: bytes) -> Payload:
                 ErrorClass.MALFORMED_REQUEST, f"output {name!r} is requested more than once"
             )
         outputs.append(name)
-    return Payload(
-        id=message.id,
-        model_name=message.model_name,
-        model_version=message.model_version,
-        tensors=decoded[0],
-        datatypes=decoded[1],
-        requested_outputs=tuple(outputs),
-        parameters=parameters_from(message.parameters),
-    )
+    return _payload(message, decoded, tuple(outputs))
 
 
 def parse_response(value: bytes) -> Payload:
@@ -62,12 +54,23 @@ def parse_response(value: bytes) -> Payload:
     decoded = _tensors(
         message.outputs, message.raw_output_contents, duplicate=ErrorClass.MALFORMED_REQUEST
     )
+    return _payload(message, decoded)
+
+
+def _payload(
+    message: Any,
+    decoded: tuple[dict[str, np.ndarray], dict[str, str]],
+    requested_outputs: tuple[str, ...] = (),
+) -> Payload:
+    """What a ``ModelInferRequest`` and a ``ModelInferResponse`` share, around their tensors."""
+    arrays, datatypes = decoded
     return Payload(
         id=message.id,
         model_name=message.model_name,
         model_version=message.model_version,
-        tensors=decoded[0],
-        datatypes=decoded[1],
+        tensors=arrays,
+        datatypes=datatypes,
+        requested_outputs=requested_outputs,
         parameters=parameters_from(message.parameters),
     )
 
@@ -88,7 +91,7 @@ def build_request(payload: Payload, *, typed_contents: bool = False) -> bytes:
     for name in payload.requested_outputs:
         message.outputs.add(name=name)
     parameters_into(message.parameters, payload.parameters)
-    return message.SerializeToString(deterministic=True)  # map order is per-process otherwise
+    return bytes(message.SerializeToString(deterministic=True))  # map order is per-process otherwise
 
 
 def build_response(payload: Payload) -> bytes:
@@ -101,7 +104,7 @@ def build_response(payload: Payload) -> bytes:
         message.outputs.add(name=name, datatype=datatype, shape=np.shape(array))
         message.raw_output_contents.append(tensors.to_raw(array, datatype))
     parameters_into(message.parameters, payload.parameters)
-    return message.SerializeToString(deterministic=True)  # map order is per-process otherwise
+    return bytes(message.SerializeToString(deterministic=True))  # map order is per-process otherwise
 
 
 def parameters_from(parameters: Any) -> dict[str, ParamValue]:
@@ -160,7 +163,7 @@ def _tensors(
     arrays: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
     raw_iter: Iterable[bytes | None] = raw_contents if raw_contents else [None] * len(entries)
-    for entry, raw in zip(entries, raw_iter):
+    for entry, raw in zip(entries, raw_iter, strict=True):
         name = check_name(entry.name, "tensor")
         ensure_new(name, arrays, duplicate=duplicate)
         reject_unsupported(entry.parameters, name)

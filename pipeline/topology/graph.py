@@ -120,14 +120,14 @@ def compile_graph(
     for tensor in outputs:
         if tensor not in producer:
             raise GraphError(f"output {tensor!r} is produced by no step and is not a topology input", None, "outputs")
-    deps = {s.name: {producer[t] for t in s.needs if producer[t] is not None} for s in steps}
+    deps = {s.name: {p for t in s.needs if (p := producer[t]) is not None} for s in steps}
     order = _topological_order(deps)
     ancestors = _ancestors(deps, order)
     graph = Graph(order=order)
     out_topic = {name: f"{topology}.{name}.out" for name in by_name}
 
     def upstream_of(required: set[str]) -> tuple[str, ...]:
-        direct = {producer[t] for t in required if producer[t] is not None}
+        direct = {p for t in required if (p := producer[t]) is not None}
         # A branch's messages already carry its ancestors' tensors: keep the frontier only.
         frontier = {d for d in direct if not any(d in ancestors[o] for o in direct if o != d)}
         return tuple(name for name in order if name in frontier)
@@ -140,22 +140,26 @@ def compile_graph(
     for up in result_upstream:
         consumers[up] += 1
 
-    def source_topic(feeds: str, upstream: tuple[str, ...], mode: JoinMode, window: float) -> str:
-        if not upstream:
-            return input_topic
-        if len(upstream) == 1:
-            return out_topic[upstream[0]]
+    def add_join(feeds: str, branches: tuple[str, ...], topic: str, mode: JoinMode, window: float) -> None:
+        """The join of ``branches`` (read from their out topics) for ``feeds``, writing ``topic``."""
         name = f"join-{feeds}"
-        topic = f"{topology}.{name}.out"
         graph.joins[name] = JoinNode(
             name=name,
-            branches=upstream,
-            input_topics=tuple(out_topic[u] for u in upstream),
+            branches=branches,
+            input_topics=tuple(out_topic[b] for b in branches),
             output_topic=topic,
             mode=mode,
             window_ms=window,
             feeds=feeds,
         )
+
+    def source_topic(feeds: str, upstream: tuple[str, ...], mode: JoinMode, window: float) -> str:
+        if not upstream:
+            return input_topic
+        if len(upstream) == 1:
+            return out_topic[upstream[0]]
+        topic = f"{topology}.join-{feeds}.out"
+        add_join(feeds, upstream, topic, mode, window)
         return topic
 
     # The result needs no node of its own when exactly one step produces every output
@@ -176,16 +180,7 @@ def compile_graph(
     if direct_result is None:
         if not result_upstream:
             raise GraphError("outputs must include a tensor produced by a step", None, "outputs")
-        join = "join-result"
-        graph.joins[join] = JoinNode(
-            name=join,
-            branches=result_upstream,
-            input_topics=tuple(out_topic[u] for u in result_upstream),
-            output_topic=result_topic,
-            mode=result_join_mode,
-            window_ms=result_join_window_ms,
-            feeds="result",
-        )
+        add_join("result", result_upstream, result_topic, result_join_mode, result_join_window_ms)
     return graph
 
 

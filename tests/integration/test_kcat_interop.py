@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 import pytest
 
 from pipeline.contract.request import decode_request
+from tests.helpers.cli import ok, run, run_cli
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.topology_process import pipeline_process, write_topology
 
@@ -52,14 +52,8 @@ class Kcat:
     def run(
         self, *args: str, stdin: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [self.binary, "-b", self.bootstrap, *args],
-            input=stdin,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+        result = run(
+            [self.binary, "-b", self.bootstrap, *args], self.env, timeout=timeout, stdin=stdin
         )
         assert result.returncode == 0, f"kcat {' '.join(args)} failed:\n{result.stderr}"
         return result
@@ -98,14 +92,7 @@ class Kcat:
 
 
 def _connects(binary: str, bootstrap: str, env: dict[str, str]) -> tuple[bool, str]:
-    probe = subprocess.run(
-        [binary, "-L", "-b", bootstrap, "-m", "10"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    probe = run([binary, "-L", "-b", bootstrap, "-m", "10"], env, timeout=30)
     return probe.returncode == 0, probe.stderr.strip()[-300:]
 
 
@@ -159,21 +146,6 @@ def kcat(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Kcat
     )
 
 
-def run_cli(
-    env: dict[str, str], *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
 def _request_body(correlation_id: str | None, features: list[float]) -> dict[str, Any]:
     body: dict[str, Any] = {
         "inputs": [{"name": "features", "shape": [1, 16], "datatype": "FP32", "data": features}]
@@ -196,18 +168,8 @@ def test_kcat_request_is_read_by_pipeline_consume(kcat: Kcat, cli_env: dict[str,
         "correlation-id=kc-1",
         key="key-1",
     )
-    out = run_cli(
-        cli_env,
-        "consume",
-        "--topic",
-        topic,
-        "--from-beginning",
-        "--json",
-        "--count",
-        "1",
-        "--timeout",
-        "30",
-    )
+    args = ["--topic", topic, "--from-beginning", "--json", "--count", "1", "--timeout", "30"]
+    out = ok(run_cli(cli_env, "consume", *args))
     line, summary = (json.loads(text) for text in out.stdout.splitlines())
     assert line["kind"] == "request" and line["key"] == "key-1" and line["correlation_id"] == "kc-1"
     request = decode_request(
@@ -226,9 +188,8 @@ def test_pipeline_produce_is_read_by_kcat(
     features = [1.5] * 16
     source = tmp_path / "request.json"
     source.write_text(json.dumps(_request_body("ours-1", features)))
-    run_cli(
-        cli_env, "produce", "--topic", topic, "--json", str(source), "--keep-ids", "--key", "k-9"
-    )
+    args = ["--topic", topic, "--json", str(source), "--keep-ids", "--key", "k-9"]
+    ok(run_cli(cli_env, "produce", *args))
 
     ((key, headers, value),) = kcat.consume(topic, 1)
     assert key == "k-9"

@@ -7,11 +7,10 @@ The session fixtures (``tests/conftest.py``) provide a bucket that holds
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +22,8 @@ from pipeline.errors import PipelineError
 from pipeline.modelstore.store import ModelStore
 from pipeline.settings import Endpoints
 from pipeline.triton.admin import TritonAdmin
+from tests.helpers import cli
+from tests.helpers.cli import assert_one_line_error
 
 pytestmark = [pytest.mark.triton, pytest.mark.s3]
 
@@ -30,28 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_MODELS = REPO_ROOT / "sample_models"
 
 
-def run_cli(
-    env: dict[str, str], *args: str, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    """``python -m pipeline <args>``; a wide terminal so tables are not folded."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> str:
-    """Exit 1, exactly one line on stderr containing ``fragment``, no traceback."""
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    assert fragment in lines[0], lines[0]
-    return lines[0]
+#: Loading a model into Triton from S3 takes a while on a 2-core machine.
+run_cli = functools.partial(cli.run_cli, timeout=180)
 
 
 def list_json(env: dict[str, str]) -> dict[str, Any]:

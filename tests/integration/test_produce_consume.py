@@ -37,34 +37,13 @@ from pipeline.contract.records import dead_letter_headers, result_headers
 from pipeline.contract.request import InferenceRequest, decode_request, encode_request
 from pipeline.contract.response import encode_response
 from pipeline.triton.admin import ModelDescription, TensorSpec
+from tests.helpers.cli import assert_one_line_error, ok, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DENSE = REPO_ROOT / "topologies" / "dense.yaml"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def run_cli(
-    env: dict[str, str], *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """``python -m pipeline <args>`` with captured, non-terminal output."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, (
-        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    )
-    assert "\x1b[" not in result.stdout + result.stderr, "ANSI escape codes in non-terminal output"
-    return result
 
 
 def fields(text: str) -> dict[str, str]:
@@ -121,13 +100,6 @@ def header(line: dict[str, Any], name: str) -> str | None:
 
 def new_topic(label: str) -> str:
     return f"client-{label}-{uuid.uuid4().hex[:10]}"
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert fragment in lines[0], lines[0]
 
 
 # --------------------------------------------------------------------------- produce
@@ -522,14 +494,13 @@ def test_follow_from_latest_sees_only_new_records_and_stops_on_ctrl_c(
     kafka_bootstrap: str, cli_env: dict[str, str]
 ) -> None:
     topic = new_topic("latest")
-    now = int(time.time() * 1000)
-    asyncio.run(
-        _send_all(
-            kafka_bootstrap,
-            topic,
-            [_result("old", key="old", sent_at=now, latency=1, logits=[0] * 4)],
-        )
-    )
+
+    def send_result(name: str, logit: int) -> None:
+        now = int(time.time() * 1000)
+        record = _result(name, key=name, sent_at=now, latency=1, logits=[logit] * 4)
+        asyncio.run(_send_all(kafka_bootstrap, topic, [record]))
+
+    send_result("old", 0)
     command = [sys.executable, "-m", "pipeline", "consume", "--topic", topic, "--json", "--follow"]
     process = subprocess.Popen(
         command, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -541,14 +512,7 @@ def test_follow_from_latest_sees_only_new_records_and_stops_on_ctrl_c(
             ready = process.stderr.readline()
             assert ready, "consume exited before it was ready"
         assert ready.startswith(f"consuming {topic}") and "until Ctrl-C" in ready, ready
-        now = int(time.time() * 1000)
-        asyncio.run(
-            _send_all(
-                kafka_bootstrap,
-                topic,
-                [_result("new", key="new", sent_at=now, latency=1, logits=[1] * 4)],
-            )
-        )
+        send_result("new", 1)
         first = json.loads(process.stdout.readline())  # flushed per record, so it arrives now
         assert first["correlation_id"] == "new"
         process.send_signal(signal.SIGINT)
@@ -572,46 +536,15 @@ def test_group_commits_what_it_consumed(cli_env: dict[str, str], tmp_path: Path)
     group = f"g-{topic}"
     source = tmp_path / "request.json"
     source.write_text('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}')
-    produce(
-        cli_env,
-        "--topic",
-        topic,
-        "--json",
-        str(source),
-        "--count",
-        "5",
-        "--key",
-        "same",
-    )
-    first = ok(
-        run_cli(
-            cli_env,
-            "consume",
-            "--topic",
-            topic,
-            "--group",
-            group,
-            "--from-beginning",
-            "--json",
-            "--count",
-            "2",
-        )
-    )
-    second = ok(
-        run_cli(
-            cli_env,
-            "consume",
-            "--topic",
-            topic,
-            "--group",
-            group,
-            "--from-beginning",
-            "--json",
-            "--timeout",
-            "3",
-        )
-    )
-    seen = [json.loads(line) for line in first.stdout.splitlines() + second.stdout.splitlines()]
+    produce(cli_env, "--topic", topic, "--json", str(source), "--count", "5", "--key", "same")
+
+    def consume_in_group(*until: str) -> list[dict[str, Any]]:
+        args = ["--topic", topic, "--group", group, "--from-beginning", "--json", *until]
+        return [
+            json.loads(line) for line in ok(run_cli(cli_env, "consume", *args)).stdout.splitlines()
+        ]
+
+    seen = consume_in_group("--count", "2") + consume_in_group("--timeout", "3")
     offsets = [line["offset"] for line in seen if line["kind"] != "summary"]
     assert offsets == [0, 1, 2, 3, 4]  # one key, one partition: the second run resumes at 2
     # Without a group nothing was committed by anyone else: every record is still there.

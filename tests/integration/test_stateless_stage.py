@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -22,13 +20,19 @@ from aiokafka.structs import ConsumerRecord
 from tritonclient.grpc import service_pb2
 
 from pipeline.contract.records import Record, read_dead_letter
-from pipeline.embedded.stack import EmbeddedStack
 from pipeline.contract.request import decode_request, encode_request
 from pipeline.contract.response import decode_response
-from pipeline.settings import S3Settings
+from tests.helpers.cli import run_cli
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import collect, header, produce
-from tests.helpers.topology_process import PipelineProcess, pipeline_process, write_topology
+from tests.helpers.own_triton import OwnTriton
+from tests.helpers.topology_process import (
+    PipelineProcess,
+    collect_outputs,
+    distinct_keys,
+    pipeline_process,
+    write_topology,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -76,20 +80,12 @@ def test_ten_thousand_requests_all_answered_correctly_and_in_partition_order(
     n = 10_000
     topo = write_topology(tmp_path, partitions=4)
     with pipeline_process(topo, cli_env, tmp_path) as worker:
-        sent = subprocess.run(
-            [sys.executable, "-m", "pipeline", "produce", "--topology", str(topo.path), "--random",
-             "--count", str(n), "--seed", "7", "--id-prefix", "bulk-"],
-            env=cli_env, capture_output=True, text=True, timeout=180,
+        sent = run_cli(
+            cli_env, "produce", "--topology", str(topo.path), "--random",
+            "--count", str(n), "--seed", "7", "--id-prefix", "bulk-", timeout=180,
         )
         assert sent.returncode == 0, sent.stderr
-        out = asyncio.run(
-            collect(
-                kafka_bootstrap,
-                [topo.result_topic, topo.dead_letter_topic],
-                done=lambda rs: len(rs) >= n,
-                timeout=180,
-            )
-        )
+        out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= n, timeout=180)
         # The endpoints answer while the stage works.
         assert worker.get("/healthz")[0] == 200
         assert worker.get("/readyz")[0] == 200
@@ -222,14 +218,7 @@ def test_bad_input_goes_to_dead_letters_with_reason_and_the_worker_goes_on(
     records = [good_before] + [Record(key=cid.encode(), value=value, headers=headers) for cid, value, headers, _ in bad] + [good_after]  # type: ignore[arg-type]
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, records))
-        out = asyncio.run(
-            collect(
-                kafka_bootstrap,
-                [topo.result_topic, topo.dead_letter_topic],
-                done=lambda rs: len(rs) >= len(records),
-                timeout=60,
-            )
-        )
+        out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= len(records), timeout=60)
         dead_metric = worker.metric("pipeline_dead_letters_total")
         assert worker.terminate() == 0
 
@@ -272,14 +261,7 @@ def test_kill_9_mid_stream_replays_without_loss(
     assert 0 < done_before < n, f"crash must happen mid-stream (had {done_before})"
 
     with pipeline_process(topo, cli_env, tmp_path):
-        out = asyncio.run(
-            collect(
-                kafka_bootstrap,
-                [topo.result_topic, topo.dead_letter_topic],
-                done=lambda rs: len({r.key for r in rs}) >= n,
-                timeout=180,
-            )
-        )
+        out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=180)
     assert out.on(topo.dead_letter_topic) == []
     counts = _check_results(out.on(topo.result_topic), features, "crash")
     assert set(counts) == {f"crash-{i}" for i in range(n)}, "lost requests"
@@ -303,50 +285,33 @@ def test_kill_9_mid_stream_replays_without_loss(
 
 
 def test_triton_down_for_20_seconds_loses_nothing_and_memory_stays_bounded(
-    kafka_bootstrap: str,
-    cli_env: dict[str, str],
-    s3_settings: S3Settings,
-    tmp_path: Path,
-    record_property: pytest.RecordProperty,
+    kafka_bootstrap: str, own_triton: OwnTriton, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     # A Triton of this test's own, so stopping it does not disturb other tests.
-    stack = EmbeddedStack(services=("triton",), s3=s3_settings, log_dir=tmp_path / "triton")
-    stack.start()
-    try:
-        triton = stack.processes[0]
-        env = dict(cli_env, PIPELINE_TRITON_GRPC_URL=str(stack.endpoints.triton.grpc_url))
-        max_pending = 1_000
-        topo = write_topology(tmp_path, partitions=2, stage={"batching": {"max_pending_requests": max_pending}})
-        n, rate = 9_000, 300.0
-        records, features = _requests(n, seed=3, prefix="outage")
-        with pipeline_process(topo, env, tmp_path) as worker:
-            producer = threading.Thread(
-                target=lambda: asyncio.run(produce(kafka_bootstrap, topo.input_topic, records, rate=rate))
-            )
-            producer.start()
-            time.sleep(5)
-            baseline_rss = worker.rss_bytes()
-            triton.stop()
-            samples: list[tuple[int, float]] = []
-            outage_end = time.monotonic() + 20
-            while time.monotonic() < outage_end:
-                samples.append((worker.rss_bytes(), worker.metric("pipeline_pending_requests")))
-                time.sleep(0.5)
-            paused = worker.metric("pipeline_consumer_paused")
-            triton.start()
-            producer.join(timeout=120)
-            out = asyncio.run(
-                collect(
-                    kafka_bootstrap,
-                    [topo.result_topic, topo.dead_letter_topic],
-                    done=lambda rs: len({r.key for r in rs}) >= n,
-                    timeout=180,
-                )
-            )
-            retries = worker.metric("pipeline_triton_retries_total")
-            assert worker.terminate() == 0, worker.log()
-    finally:
-        stack.stop()
+    triton = own_triton.process
+    max_pending = 1_000
+    topo = write_topology(tmp_path, partitions=2, stage={"batching": {"max_pending_requests": max_pending}})
+    n, rate = 9_000, 300.0
+    records, features = _requests(n, seed=3, prefix="outage")
+    with pipeline_process(topo, own_triton.env, tmp_path) as worker:
+        producer = threading.Thread(
+            target=lambda: asyncio.run(produce(kafka_bootstrap, topo.input_topic, records, rate=rate))
+        )
+        producer.start()
+        time.sleep(5)
+        baseline_rss = worker.rss_bytes()
+        triton.stop()
+        samples: list[tuple[int, float]] = []
+        outage_end = time.monotonic() + 20
+        while time.monotonic() < outage_end:
+            samples.append((worker.rss_bytes(), worker.metric("pipeline_pending_requests")))
+            time.sleep(0.5)
+        paused = worker.metric("pipeline_consumer_paused")
+        triton.start()
+        producer.join(timeout=120)
+        out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=180)
+        retries = worker.metric("pipeline_triton_retries_total")
+        assert worker.terminate() == 0, worker.log()
 
     assert out.on(topo.dead_letter_topic) == []
     counts = _check_results(out.on(topo.result_topic), features, "outage")
@@ -380,14 +345,7 @@ def test_second_process_joins_mid_stream_and_nothing_is_lost(
         time.sleep(2)
         with pipeline_process(topo, cli_env, tmp_path, stage="classify") as second:
             producer.join(timeout=60)
-            out = asyncio.run(
-                collect(
-                    kafka_bootstrap,
-                    [topo.result_topic, topo.dead_letter_topic],
-                    done=lambda rs: len({r.key for r in rs}) >= n,
-                    timeout=120,
-                )
-            )
+            out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=120)
             shares = (first.metric("pipeline_results_total"), second.metric("pipeline_results_total"))
             assert second.terminate() == 0, second.log()
         assert first.terminate() == 0, first.log()

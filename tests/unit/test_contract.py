@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from pipeline.contract import (
 )
 from pipeline.contract import headers as h
 from pipeline.contract.tensors import MAX_ELEMENTS, serialize_bytes
+from tests.helpers.fake_triton import FakeTensor
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 JSON_CT = [(h.CONTENT_TYPE, b"application/json")]
@@ -544,20 +544,12 @@ def test_the_bad_input_table_covers_enough_distinct_kinds() -> None:
 # --- validation against a model config ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    optional: bool = False
-
-
 INPUTS = [
-    Spec("audio", "FP32", (-1,)),
-    Spec("rate", "TYPE_INT32", (1,)),
-    Spec("hint", "TYPE_STRING", (1,), optional=True),
+    FakeTensor("audio", "FP32", (-1,)),
+    FakeTensor("rate", "TYPE_INT32", (1,)),
+    FakeTensor("hint", "TYPE_STRING", (1,), optional=True),
 ]
-OUTPUTS = [Spec("speech", "FP32", (-1,))]
+OUTPUTS = [FakeTensor("speech", "FP32", (-1,))]
 
 
 def _request(**arrays: np.ndarray) -> Any:

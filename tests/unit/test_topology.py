@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,9 @@ import pytest
 from pipeline.errors import ConfigError, EndpointUnreachable
 from pipeline.topology import load_topology, parse_topology
 from pipeline.topology.compat import check_compatibility
-from pipeline.topology.model import DaliStage, StageTopics, StatelessStage
+from pipeline.topology.model import DaliStageConfig, StageTopics, StatelessStageConfig
 from pipeline.topology.schema import render_schema
+from tests.helpers.fake_triton import FakeModel, FakeTensor, FakeTriton
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "topologies" / "dense.yaml"
@@ -55,7 +55,7 @@ def test_example_loads_with_defaults() -> None:
     assert topology.kafka.partitions == 4
     assert topology.triton.grpc_url is None
     [stage] = topology.stages
-    assert isinstance(stage, StatelessStage)
+    assert isinstance(stage, StatelessStageConfig)
     assert (stage.model, stage.model_version) == ("dense_classifier", "")
     assert stage.batching.max_batch_size is None
     assert stage.retry.max_attempts == 5
@@ -239,7 +239,7 @@ stages:
 
 def test_three_stage_chain_defaults() -> None:
     topology = parse_topology(THREE_STAGES)
-    assert isinstance(topology.stages[0], DaliStage)
+    assert isinstance(topology.stages[0], DaliStageConfig)
     assert topology.stage_topics() == [
         StageTopics("audio.in", "audio.frames.out"),
         StageTopics("audio.frames.out", "audio.vad.out"),
@@ -295,31 +295,6 @@ def test_duplicate_stage_names_rejected() -> None:
 # --------------------------------------------------------------------------- compatibility
 
 
-@dataclass(frozen=True)
-class FakeTensor:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    optional: bool = False
-
-
-@dataclass(frozen=True)
-class FakeModel:
-    inputs: list[FakeTensor]
-    outputs: list[FakeTensor]
-    max_batch_size: int = 64
-
-
-@dataclass
-class FakeTriton:
-    models: dict[str, FakeModel] = field(default_factory=dict)
-
-    def describe(self, name: str, version: str = "") -> FakeModel:
-        if name not in self.models:
-            raise RuntimeError(f"Triton has no model {name!r}")
-        return self.models[name]
-
-
 DENSE = FakeModel([FakeTensor("features", "FP32", (16,))], [FakeTensor("logits", "FP32", (4,))])
 
 CHAIN = """\
@@ -334,6 +309,11 @@ stages:
     kind: stateless
     model: dense_classifier
 """
+
+
+def problems_of(text: str, **models: FakeModel) -> list[str]:
+    """What ``check_compatibility`` reports for topology ``text`` against a Triton holding ``models``."""
+    return check_compatibility(parse_topology(text), FakeTriton(models).describe)
 
 
 def test_compatible_example() -> None:
@@ -351,53 +331,44 @@ def test_stage_model_missing() -> None:
     ]
 
 
-def test_chain_compatible_through_output_map() -> None:
-    embedder = FakeModel([FakeTensor("x", "FP32", (-1,))], [FakeTensor("emb", "FP32", (16,))])
-    topology = parse_topology(
-        CHAIN.replace("model: embedder\n", "model: embedder\n    output_map: {emb: features}\n")
-    )
-    triton = FakeTriton({"embedder": embedder, "dense_classifier": DENSE})
-    assert check_compatibility(topology, triton.describe) == []
+#: The edge embed -> classify of CHAIN: what ``embedder`` outputs (classify's model, DENSE,
+#: takes ``features`` FP32 [16]), what the embed stage adds to its config, the problems found.
+CHAIN_EDGES: dict[str, tuple[FakeTensor, str, list[str]]] = {
+    "compatible through output_map": (
+        FakeTensor("emb", "FP32", (16,)),
+        "    output_map: {emb: features}\n",
+        [],
+    ),
+    "dtype mismatch": (
+        FakeTensor("features", "FP16", (16,)),
+        "",
+        ["stage 'classify': input 'features' is FP32 but stage 'embed' produces it as FP16"],
+    ),
+    "shape mismatch": (
+        FakeTensor("features", "FP32", (8,)),
+        "",
+        ["stage 'classify': input 'features' has shape [16] but stage 'embed' produces [8]"],
+    ),
+    "variable dims match any": (FakeTensor("features", "FP32", (-1,)), "", []),
+    "input not produced": (
+        FakeTensor("emb", "FP32", (16,)),
+        "",
+        ["stage 'classify': input 'features' is not produced by stage 'embed' (it produces: emb)"],
+    ),
+}
 
 
-def test_chain_dtype_mismatch() -> None:
-    embedder = FakeModel([FakeTensor("x", "FP32", (-1,))], [FakeTensor("features", "FP16", (16,))])
-    triton = FakeTriton({"embedder": embedder, "dense_classifier": DENSE})
-    assert check_compatibility(parse_topology(CHAIN), triton.describe) == [
-        "stage 'classify': input 'features' is FP32 but stage 'embed' produces it as FP16"
-    ]
-
-
-def test_chain_shape_mismatch_and_variable_dims() -> None:
-    wrong = FakeModel([FakeTensor("x", "FP32", (-1,))], [FakeTensor("features", "FP32", (8,))])
-    problems = check_compatibility(
-        parse_topology(CHAIN), FakeTriton({"embedder": wrong, "dense_classifier": DENSE}).describe
-    )
-    assert problems == [
-        "stage 'classify': input 'features' has shape [16] but stage 'embed' produces [8]"
-    ]
-    variable = FakeModel([FakeTensor("x", "FP32", (-1,))], [FakeTensor("features", "FP32", (-1,))])
-    triton = FakeTriton({"embedder": variable, "dense_classifier": DENSE})
-    assert check_compatibility(parse_topology(CHAIN), triton.describe) == []
-
-
-def test_chain_input_not_produced() -> None:
-    embedder = FakeModel([FakeTensor("x", "FP32", (-1,))], [FakeTensor("emb", "FP32", (16,))])
-    problems = check_compatibility(
-        parse_topology(CHAIN),
-        FakeTriton({"embedder": embedder, "dense_classifier": DENSE}).describe,
-    )
-    assert problems == [
-        "stage 'classify': input 'features' is not produced by stage 'embed' (it produces: emb)"
-    ]
+@pytest.mark.parametrize("edge", list(CHAIN_EDGES))
+def test_chain_edge(edge: str) -> None:
+    output, embed_config, expected = CHAIN_EDGES[edge]
+    embedder = FakeModel([FakeTensor("x", "FP32", (-1,))], [output])
+    text = CHAIN.replace("model: embedder\n", "model: embedder\n" + embed_config)
+    assert problems_of(text, embedder=embedder, dense_classifier=DENSE) == expected
 
 
 def test_unknown_map_tensor() -> None:
     text = ONE_STAGE + "    input_map: {feature: raw}\n    output_map: {logit: scores}\n"
-    problems = check_compatibility(
-        parse_topology(text), FakeTriton({"dense_classifier": DENSE}).describe
-    )
-    assert problems == [
+    assert problems_of(text, dense_classifier=DENSE) == [
         (
             "stage 'classify': input_map key 'feature' is not an input of model "
             "'dense_classifier' (its inputs: features)"
@@ -411,10 +382,7 @@ def test_unknown_map_tensor() -> None:
 
 def test_batch_size_above_the_model_limit() -> None:
     text = ONE_STAGE + "    batching: {max_batch_size: 128}\n"
-    problems = check_compatibility(
-        parse_topology(text), FakeTriton({"dense_classifier": DENSE}).describe
-    )
-    assert problems == [
+    assert problems_of(text, dense_classifier=DENSE) == [
         (
             "stage 'classify': batching.max_batch_size 128 exceeds the max_batch_size 64 of "
             "model 'dense_classifier'"
@@ -466,16 +434,16 @@ def test_optional_inputs_and_in_process_stages_are_not_required() -> None:
     )
     framer = FakeModel([FakeTensor("pcm", "INT16", (-1,))], [FakeTensor("audio", "FP32", (512,))])
     text = THREE_STAGES.replace("    kind: dali\n", "    kind: stateless\n    model: framer\n")
-    triton = FakeTriton({"framer": framer, "silero_vad": vad, "dense_classifier": DENSE})
+    models = {"framer": framer, "silero_vad": vad, "dense_classifier": DENSE}
     # framer -> vad: `state_in` is optional. vad -> classify: not produced, reported.
-    assert check_compatibility(parse_topology(text), triton.describe) == [
+    assert problems_of(text, **models) == [
         (
             "stage 'classify': input 'features' is not produced by stage 'vad' "
             "(it produces: probability)"
         )
     ]
     # With the DALI stage in front, the edge into `vad` is not checked at all.
-    assert len(check_compatibility(parse_topology(THREE_STAGES), triton.describe)) == 1
+    assert len(problems_of(THREE_STAGES, **models)) == 1
 
 
 def test_unreachable_triton_is_not_a_missing_model() -> None:
