@@ -11,6 +11,7 @@ When nothing is configured, :func:`pipeline.embedded.discover` finds a running
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr
@@ -68,10 +69,20 @@ class TritonSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PIPELINE_TRITON_", extra="ignore")
 
-    grpc_url: str | None = None  # host:port
+    grpc_url: str | None = None  # host:port; grpcs://host:port turns TLS on
     http_url: str | None = None  # host:port, used only for health and metrics links
     metrics_url: str | None = None  # http://host:port/metrics
     ssl: bool = False
+    # PEM files: the CA that signed Triton's certificate (None = the system roots),
+    # and this client's key and certificate for mutual TLS.
+    ssl_root_cert: Path | None = None
+    ssl_client_key: Path | None = None
+    ssl_client_cert: Path | None = None
+    # Largest gRPC message either way; default = tritonclient's MAX_GRPC_MESSAGE_SIZE.
+    max_message_bytes: int = Field(default=2**31 - 1, gt=0)
+    keepalive_time_ms: int = Field(default=30_000, gt=0)
+    keepalive_timeout_ms: int = Field(default=10_000, gt=0)
+    keepalive_permit_without_calls: bool = True
 
     @property
     def configured(self) -> bool:
@@ -138,6 +149,12 @@ class Endpoints(BaseSettings):
             env["PIPELINE_TRITON_HTTP_URL"] = self.triton.http_url
         if self.triton.metrics_url:
             env["PIPELINE_TRITON_METRICS_URL"] = self.triton.metrics_url
+        if self.triton.ssl:
+            env["PIPELINE_TRITON_SSL"] = "true"
+        for name in ("ssl_root_cert", "ssl_client_key", "ssl_client_cert"):
+            path = getattr(self.triton, name)
+            if path is not None:
+                env[f"PIPELINE_TRITON_{name.upper()}"] = str(path)
         if self.s3.endpoint:
             env["PIPELINE_S3_ENDPOINT"] = self.s3.endpoint
             env["PIPELINE_S3_BUCKET"] = self.s3.bucket

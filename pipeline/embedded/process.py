@@ -78,7 +78,7 @@ class SupervisedProcess:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(  # noqa: S603 - argv is built by us, never a shell
+            self._proc = subprocess.Popen(
                 list(self.argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -86,7 +86,7 @@ class SupervisedProcess:
                 env=dict(self.env) if self.env is not None else None,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no Python state touched
+                preexec_fn=_die_with_parent,
             )
         self.wait_healthy()
 
@@ -100,11 +100,9 @@ class SupervisedProcess:
                     f"{self.name} exited with code {code} while starting; "
                     f"last lines of {self.log_path}:\n{self.tail()}"
                 )
-            try:
+            with contextlib.suppress(Exception):  # a health probe failing just means "not yet"
                 if self.healthy():
                     return
-            except Exception:  # noqa: BLE001 - a health probe failing just means "not yet"
-                pass
             time.sleep(0.2)
         self.stop()
         raise ServiceStartError(

@@ -34,8 +34,8 @@ def _package_dir(package: str) -> Path:
 
 def _http_ok(url: str, timeout: float = 1.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
-            return 200 <= response.status < 300
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= int(response.status) < 300
     except OSError:
         return False
 
@@ -95,6 +95,27 @@ class TritonPorts:
     metrics: int
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files that put Triton's gRPC port behind TLS (HTTP and metrics stay plaintext).
+
+    ``ca_cert`` is the CA that signed ``server_cert``, handed to clients as
+    ``PIPELINE_TRITON_SSL_ROOT_CERT``; ``client_ca_cert`` turns on mutual TLS:
+    clients must then present a certificate signed by it.
+    """
+
+    server_cert: Path
+    server_key: Path
+    ca_cert: Path | None = None
+    client_ca_cert: Path | None = None
+
+    def triton_args(self) -> list[str]:
+        args = [f"--grpc-server-cert={self.server_cert}", f"--grpc-server-key={self.server_key}"]
+        if self.client_ca_cert is None:
+            return ["--grpc-use-ssl=true", *args]
+        return ["--grpc-use-ssl-mutual=true", *args, f"--grpc-root-cert={self.client_ca_cert}"]
+
+
 def _pytriton_paths() -> tuple[Path, Path, Path]:
     """(tritonserver binary, backends dir, shared-libs dir) inside the nvidia-pytriton wheel."""
     root = _package_dir("pytriton")
@@ -135,11 +156,13 @@ def triton_process(
     log_dir: Path,
     backends_dir: Path,
     s3_env: dict[str, str],
+    tls: TlsFiles | None = None,
 ) -> SupervisedProcess:
     """Triton serving ``model_repository`` (an ``s3://`` URL) with explicit model control.
 
     Every model in the repository is loaded at start (``--load-model=*``);
     afterwards models are loaded and unloaded through the repository API.
+    With ``tls``, the gRPC port speaks only TLS.
     """
     binary, _, libs = _pytriton_paths()
     env = dict(os.environ)
@@ -168,6 +191,7 @@ def triton_process(
             "--allow-cpu-metrics=false",
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
+            *(tls.triton_args() if tls else []),
         ],
         log_dir=log_dir,
         env=env,

@@ -18,10 +18,12 @@ from pathlib import Path
 from types import TracebackType
 
 from pydantic import SecretStr
+from typing_extensions import Self
 
 from pipeline.embedded.process import SupervisedProcess, free_port
 from pipeline.embedded.services import (
     LOCALHOST,
+    TlsFiles,
     TritonPorts,
     broker_process,
     s3_process,
@@ -49,6 +51,7 @@ class EmbeddedStack:
     ``services`` selects a subset (e.g. only ``("kafka",)`` for a broker test);
     Triton needs S3 and is started after the models are pushed to it; pass
     ``s3=`` to run the embedded Triton against an external store instead.
+    ``triton_tls`` serves Triton's gRPC port over TLS (a ``grpcs://`` URL).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class EmbeddedStack:
         log_dir: Path | None = None,
         services: tuple[str, ...] = ("kafka", "s3", "triton"),
         s3: S3Settings | None = None,
+        triton_tls: TlsFiles | None = None,
     ) -> None:
         unknown = set(services) - {"kafka", "s3", "triton"}
         if unknown:
@@ -65,6 +69,7 @@ class EmbeddedStack:
         if "triton" in services and "s3" not in services and s3 is None:
             raise ValueError("the embedded Triton needs an S3 model store: embedded or `s3=`")
         self.services = services
+        self.triton_tls = triton_tls
         self.model_repository = model_repository or default_model_repository()
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="pipeline-stack-"))
         self.endpoints = Endpoints(
@@ -131,9 +136,16 @@ class EmbeddedStack:
                 self.log_dir,
                 state_dir() / "triton-backends",
                 s3_env,
+                self.triton_tls,
             )
         )
-        self.endpoints.triton.grpc_url = f"{LOCALHOST}:{ports.grpc}"
+        # This server's own TLS settings, whatever PIPELINE_TRITON_SSL_* says.
+        tls = self.triton_tls
+        triton = self.endpoints.triton
+        triton.grpc_url = f"{'grpcs://' if tls else ''}{LOCALHOST}:{ports.grpc}"
+        triton.ssl = False
+        triton.ssl_root_cert = tls.ca_cert if tls else None
+        triton.ssl_client_key = triton.ssl_client_cert = None
         self.endpoints.triton.http_url = f"{LOCALHOST}:{ports.http}"
         self.endpoints.triton.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
 
@@ -146,7 +158,7 @@ class EmbeddedStack:
         while self._processes:
             self._processes.pop().stop()
 
-    def __enter__(self) -> EmbeddedStack:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -22,16 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from tritonclient.grpc import (
-    MAX_GRPC_MESSAGE_SIZE,
-    InferenceServerClient,
-    model_config_pb2,
-)
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 from typing_extensions import Self
 
 from pipeline.errors import ConfigError, EndpointUnreachable, PipelineError
 from pipeline.settings import TritonSettings
+from pipeline.triton.client import grpc_target, sync_client
 
 T = TypeVar("T")
 
@@ -40,16 +37,6 @@ DEFAULT_TIMEOUT_S = 5.0
 
 LOAD_TIMEOUT_S = 300.0
 """Loading runs the model's own initialisation (imports, weights); give it minutes."""
-
-# gRPC reconnects with exponential backoff up to two minutes; keep retries
-# quick so wait_ready() sees a server the moment it starts listening.
-_CHANNEL_ARGS: list[tuple[str, Any]] = [
-    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 # How gRPC words "nothing answered" (status UNAVAILABLE is also used by Triton
 # for "model not available", so the status code alone cannot tell).
@@ -348,14 +335,6 @@ def _is_transport_failure(exc: InferenceServerException) -> bool:
     return any(marker in text for marker in _TRANSPORT_MARKERS)
 
 
-def _normalise_url(url: str) -> tuple[str, bool]:
-    """``host:port`` for gRPC, and whether TLS is implied by a ``grpcs://``/``https://`` scheme."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url.rstrip("/"), False
-    return rest.rstrip("/"), scheme.lower() in ("grpcs", "https")
-
-
 class TritonAdmin:
     """Management calls (health, index, describe, load, unload) on one Triton server.
 
@@ -364,13 +343,11 @@ class TritonAdmin:
     """
 
     def __init__(self, settings: TritonSettings, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        if not settings.grpc_url:
-            raise ConfigError("no Triton endpoint configured: set PIPELINE_TRITON_GRPC_URL")
-        self.url, tls = _normalise_url(settings.grpc_url)
+        self._client = sync_client(settings)  # ConfigError when no endpoint is configured
+        target, scheme_tls = grpc_target(settings.grpc_url or "")
+        self.tls = settings.ssl or scheme_tls
+        self.url = f"grpcs://{target}" if self.tls else target
         self.timeout = timeout
-        self._client = InferenceServerClient(
-            self.url, ssl=settings.ssl or tls, channel_args=_CHANNEL_ARGS
-        )
 
     def __enter__(self) -> Self:
         return self
@@ -389,10 +366,14 @@ class TritonAdmin:
             return fn(*args, client_timeout=timeout or self.timeout, **kw)
         except InferenceServerException as exc:
             if _is_transport_failure(exc):
-                raise EndpointUnreachable(
-                    f"cannot reach Triton at {self.url}: {_message(exc)}"
-                ) from None
+                raise EndpointUnreachable(self._unreachable(exc)) from None
             raise
+
+    def _unreachable(self, exc: InferenceServerException) -> str:
+        text = f"cannot reach Triton at {self.url}: {_message(exc)}"
+        if not self.tls and "socket closed" in text.lower():
+            text += " (if the server speaks TLS, use a grpcs:// URL)"
+        return text
 
     # -- health -------------------------------------------------------------
 
@@ -401,9 +382,7 @@ class TritonAdmin:
         try:
             self._call(self._client.is_server_live)
         except InferenceServerException as exc:
-            raise EndpointUnreachable(
-                f"cannot reach Triton at {self.url}: {_message(exc)}"
-            ) from None
+            raise EndpointUnreachable(self._unreachable(exc)) from None
 
     def is_ready(self) -> bool:
         return bool(self._call(self._client.is_server_ready))

@@ -28,6 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from pipeline.settings import TritonSettings
+from pipeline.triton.client import aio_client, sync_client
 from tests.helpers.dense_reference import mlp_reference as _mlp_reference
 from tests.helpers.dense_reference import random_features as _features
 from tests.helpers.vad_reference import (
@@ -52,7 +54,7 @@ def test_dense_classifier_batch(triton_grpc_url: str) -> None:
     features = _features(8, seed=1)
     inp = grpcclient.InferInput("features", list(features.shape), "FP32")
     inp.set_data_from_numpy(features)
-    with grpcclient.InferenceServerClient(triton_grpc_url) as client:
+    with sync_client(TritonSettings(grpc_url=triton_grpc_url)) as client:
         logits = client.infer("dense_classifier", [inp]).as_numpy("logits")
     assert logits.shape == (8, 4) and logits.dtype == np.float32
     np.testing.assert_allclose(logits, _mlp_reference(features), rtol=1e-5, atol=1e-6)
@@ -63,7 +65,7 @@ async def test_dense_classifier_concurrent_batch1(triton_grpc_url: str) -> None:
     """Many concurrent batch-1 requests: the dynamic batcher merges them, each answer stays its own."""
     features = _features(256, seed=2)
     expected = _mlp_reference(features)
-    client = grpcaio.InferenceServerClient(triton_grpc_url)
+    client = aio_client(TritonSettings(grpc_url=triton_grpc_url))
     try:
 
         async def one(row: np.ndarray) -> np.ndarray:
@@ -129,7 +131,7 @@ def _run_sequence(
 
 @pytest.fixture(scope="module")
 def vad_client(triton_grpc_url: str) -> Iterator[grpcclient.InferenceServerClient]:
-    with grpcclient.InferenceServerClient(triton_grpc_url) as client:
+    with sync_client(TritonSettings(grpc_url=triton_grpc_url)) as client:
         yield client
 
 
@@ -207,7 +209,7 @@ async def test_vad_concurrent_sequences_keep_their_own_state(
     """Interleaved streams are batched together server-side; none may see another's state."""
     offsets = [0, 3, 7, 11, 19, 23]
     streams = [np.roll(speech_chunks, k, axis=0) for k in offsets]
-    client = grpcaio.InferenceServerClient(triton_grpc_url)
+    client = aio_client(TritonSettings(grpc_url=triton_grpc_url))
     try:
 
         async def stream(chunks: np.ndarray) -> np.ndarray:
@@ -229,7 +231,7 @@ async def test_vad_concurrent_sequences_keep_their_own_state(
     finally:
         await client.close()
     session = vad_session()
-    for chunks, probs in zip(streams, served):
+    for chunks, probs in zip(streams, served, strict=False):
         np.testing.assert_allclose(probs, VadStream(session).run(chunks), atol=1e-5)
 
 
