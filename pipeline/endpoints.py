@@ -61,8 +61,7 @@ def read_stack_state() -> dict[str, object] | None:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    pid = state.get("pid")
-    if not isinstance(pid, int) or not _pid_alive(pid):
+    if not isinstance(state, dict) or not isinstance(pid := state.get("pid"), int) or not _pid_alive(pid):
         return None
     return state
 

@@ -37,7 +37,7 @@ def _docker_answers() -> bool:
         import docker
 
         docker.from_env(timeout=3).ping()
-    except Exception:  # noqa: BLE001 - any failure means "no engine here"
+    except Exception:
         return False
     return True
 

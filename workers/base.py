@@ -15,23 +15,25 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import TopicPartition
 
 from pipeline.contract.errors import ErrorClass, one_line
 from pipeline.contract.records import dead_letter_headers
 from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import OutRecord, Outbox, Outputs
+from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
+from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
+from pipeline.state import KeyedStateStore, StateCodec, StateLimits
 
 log = logging.getLogger(__name__)
 
-Record = ConsumerRecord[bytes, bytes]
-
+S = TypeVar("S")
 
 @dataclass(frozen=True)
 class StageIO:
@@ -61,7 +63,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     # aiokafka logs and swallows listener errors; a stage must not run on with
     # unrestored state or un-handed-back work, so errors stop it instead.
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        self._stage._owned.difference_update(revoked)  # noqa: SLF001
+        self._stage._owned.difference_update(revoked)
         try:
             await self._stage.hand_back(list(revoked))
         except Exception as exc:
@@ -75,7 +77,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         except Exception as exc:
             self._stage.fail(exc)
             raise
-        self._stage._owned.update(assigned)  # noqa: SLF001
+        self._stage._owned.update(assigned)
 
 
 class StreamStage(abc.ABC):
@@ -114,7 +116,7 @@ class StreamStage(abc.ABC):
         """Release what :meth:`setup` acquired."""
 
     @abc.abstractmethod
-    async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
+    async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         """Process one record; complete ``slot`` now or later (never drop it)."""
 
     async def tick(self) -> None:
@@ -135,13 +137,19 @@ class StreamStage(abc.ABC):
         """Partitions were handed back: drop their in-memory state."""
 
     # ------------------------------------------------------------------ helpers for stages
+    def keyed_state(
+        self, topic: str, codec: StateCodec[S], *, ttl_s: float, max_keys: int | None
+    ) -> KeyedStateStore[S]:
+        """This stage's keyed state, checkpointed to ``topic`` (see :mod:`pipeline.state`)."""
+        return KeyedStateStore(kafka=self.kafka, topic=topic, codec=codec, limits=StateLimits(ttl_s, max_keys))
+
     @property
     def outbox(self) -> Outbox:
         assert self._outbox is not None, "stage not started"
         return self._outbox
 
     def dead_letter(
-        self, record: Record, slot: Slot[Outputs], error_class: ErrorClass | str, reason: str
+        self, record: ConsumedRecord, slot: Slot[Outputs], error_class: ErrorClass | str, reason: str
     ) -> None:
         """Send the record, byte for byte, to the dead-letter topic with the reason."""
         error = ErrorClass(error_class)
@@ -166,31 +174,17 @@ class StreamStage(abc.ABC):
         )
         log.info("%s: dead letter %s@%d: %s: %s", self.io.stage, record.topic, record.offset, error.value, reason)
 
-    @staticmethod
-    def state_record(topic: str, key: bytes, value: bytes | None, partition: int) -> OutRecord:
-        """A state checkpoint (``None``: deletion) for a compacted changelog: into the input
-        record's partition number, sent only after the outputs before it are acknowledged."""
-        return OutRecord(
-            topic=topic,
-            key=key,
-            value=value,
-            headers=[],
-            partition=partition,
-            after_acks=True,
-            counts_as_result=False,
-        )
-
-    async def enqueue_unowned(self, out: OutRecord) -> asyncio.Future[object]:
-        """Hand the producer an output no input record owns (an expiry, an idle close, a
-        retired state); await the returned future (several together, where possible)."""
+    async def produce_all_unowned(self, records: list[OutRecord]) -> None:
+        """Produce outputs no input record owns (an expiry, an idle close, a tombstone):
+        all handed to the producer first, then awaited together (one round trip)."""
         assert self._producer is not None
-        fut: asyncio.Future[object] = await self._producer.send(
-            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
-        )
-        return fut
-
-    async def produce_unowned(self, out: OutRecord) -> None:
-        await (await self.enqueue_unowned(out))
+        futures = [
+            await self._producer.send(r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition)
+            for r in records
+        ]
+        await asyncio.gather(*futures)
+        for record in records:
+            self._acknowledged(record)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -264,7 +258,7 @@ class StreamStage(abc.ABC):
                     self._requests_total.inc()
                     try:
                         await self.handle(record, slot)
-                    except Exception as exc:  # noqa: BLE001 - a bug in one record never stops the stage
+                    except Exception as exc:
                         log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
                         self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
                 if records:

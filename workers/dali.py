@@ -25,7 +25,8 @@ import numpy as np
 from pipeline.audio import AudioInput, AudioLimits
 from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.request import InferenceRequest
-from workers.stateless import BatchOutput, Failure, FailureKind
+from pipeline.failure_policy import Failure, FailureKind
+from workers.backend import BatchOutput
 
 if TYPE_CHECKING:
     from pipeline.audio.dali_preprocess import AudioPreprocessor
@@ -56,7 +57,7 @@ class DaliAudioBackend:
         self.requested_device = device
         self.max_batch_size = max_batch_size
         self.limits = AudioLimits(max_seconds=max_chunk_seconds)
-        self.device = "unknown"
+        self.device: str | None = None  # known after setup()
         self._preprocessor: AudioPreprocessor | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dali")
 
@@ -72,7 +73,7 @@ class DaliAudioBackend:
             ),
         )
         self.device = self._preprocessor.device
-        log.info("DALI audio preprocessing on the %s (batches up to %d)", self.device.upper(), self.max_batch_size)
+        log.info("DALI audio preprocessing on the %s (batches up to %d)", self._preprocessor.device.upper(), self.max_batch_size)
         return self.max_batch_size
 
     async def close(self) -> None:
@@ -113,7 +114,7 @@ class DaliAudioBackend:
         loop = asyncio.get_running_loop()
         samples = await loop.run_in_executor(self._thread, self._preprocessor.process, inputs)
         return BatchOutput(
-            [{self.output_tensor: s[None, :]} for s in samples], model_name="dali", model_version=self.device
+            [{self.output_tensor: s[None, :]} for s in samples], model_name="dali", model_version=self.device or ""
         )
 
     async def classify(self, exc: BaseException) -> Failure:

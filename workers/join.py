@@ -26,13 +26,10 @@ Modes (``JoinNode.mode``):
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import json
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from aiokafka.structs import TopicPartition
@@ -41,13 +38,14 @@ from pipeline.contract.errors import BadRequest, ErrorClass, one_line
 from pipeline.contract.records import dead_letter_headers, result_headers
 from pipeline.contract.request import InferenceRequest, decode_request, forward_request
 from pipeline.contract.response import encode_response
-from pipeline.kafka.changelog import read_changelog
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import OutRecord, Outputs
+from pipeline.kafka.outbox import Outputs, OutRecord
+from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from pipeline.topology.graph import JoinNode
-from workers.base import Record, StageIO, StreamStage
+from pipeline.state import StateEntry
+from pipeline.state.codec import pack_bytes, unpack_bytes
+from workers.base import StageIO, StreamStage
 
 log = logging.getLogger(__name__)
 
@@ -59,33 +57,49 @@ class JoinState:
     """What has arrived for one correlation ID."""
 
     first_ms: int
-    partition: int
     branches: dict[str, bytes] = field(default_factory=dict)  # branch -> message value
     headers: list[tuple[str, bytes]] = field(default_factory=list)  # of the first arrival
     done: bool = False
 
-    def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "first_ms": self.first_ms,
-                "partition": self.partition,
-                "done": self.done,
-                "branches": {b: base64.b64encode(v).decode() for b, v in self.branches.items()},
-                "headers": [[k, base64.b64encode(v).decode()] for k, v in self.headers],
-            },
-            separators=(",", ":"),
-        ).encode()
 
-    @classmethod
-    def decode(cls, value: bytes) -> JoinState:
-        data = json.loads(value)
-        return cls(
+class JoinStateCodec:
+    """:class:`pipeline.state.StateCodec` for join states (kind ``join``)."""
+
+    kind = "join"
+
+    def to_dict(self, state: JoinState) -> dict[str, Any]:
+        return {
+            "first_ms": state.first_ms,
+            "done": state.done,
+            "branches": {b: pack_bytes(v) for b, v in state.branches.items()},
+            "headers": [[k, pack_bytes(v)] for k, v in state.headers],
+        }
+
+    def from_dict(self, data: dict[str, Any], version: int) -> JoinState:
+        # Version 0 (before the envelope) had the same fields plus "partition".
+        return JoinState(
             first_ms=int(data["first_ms"]),
-            partition=int(data["partition"]),
             done=bool(data["done"]),
-            branches={b: base64.b64decode(v) for b, v in data["branches"].items()},
-            headers=[(k, base64.b64decode(v)) for k, v in data["headers"]],
+            branches={str(b): unpack_bytes(v) for b, v in data["branches"].items()},
+            headers=[(str(k), unpack_bytes(v)) for k, v in data["headers"]],
         )
+
+
+@dataclass(frozen=True)
+class JoinSettings:
+    """Plain settings of a join stage (built from the compiled graph by the stage registry)."""
+
+    name: str
+    branches: tuple[str, ...]
+    input_topics: tuple[str, ...]
+    mode: str = "inner"  # inner | outer | any
+    window_ms: float = 5000.0
+    retention_s: float = 60.0
+    """How long a completed join is remembered, so late duplicates are recognised."""
+    max_open: int | None = None
+    """Joins one worker holds; beyond it the idlest are closed as if their window ended."""
+    to_result: bool = False
+    select: tuple[str, ...] | None = None
 
 
 class JoinStage(StreamStage):
@@ -94,25 +108,19 @@ class JoinStage(StreamStage):
     def __init__(
         self,
         io: StageIO,
-        node: JoinNode,
+        settings: JoinSettings,
         *,
         state_topic: str,
-        to_result: bool,
-        select: list[str] | None,
         kafka: KafkaSettings,
         metrics: PipelineMetrics,
-        retention_s: float = 60.0,
     ) -> None:
         super().__init__(io, kafka, metrics)
-        self.node = node
-        self.state_topic = state_topic
-        self.to_result = to_result
-        self.select = select
-        self.retention_ms = int(max(retention_s, node.window_ms / 1000) * 1000)
-        self._branch_of = dict(zip(node.input_topics, node.branches, strict=True))
-        self._states: dict[bytes, JoinState] = {}  # open joins and done markers
-        # Done markers in completion order, with the wall time they may be deleted at.
-        self._retiring: OrderedDict[bytes, int] = OrderedDict()
+        self.node = settings
+        self.retention_s = max(settings.retention_s, settings.window_ms / 1000)
+        self._branch_of = dict(zip(settings.input_topics, settings.branches, strict=True))
+        self.states = self.keyed_state(
+            state_topic, JoinStateCodec(), ttl_s=self.retention_s, max_keys=settings.max_open
+        )
         # Event time per input partition: the timestamp of the last record handled.
         self._event_time: dict[TopicPartition, int] = {}
         self._last_offset: dict[TopicPartition, int] = {}
@@ -124,31 +132,21 @@ class JoinStage(StreamStage):
         assigned_ms = int(time.time() * 1000)
         for tp in partitions:
             self._assigned_at[tp] = assigned_ms
-        numbers = sorted({tp.partition for tp in partitions})
-        # Several input topics share partition numbers: restore each number once.
-        missing = [p for p in numbers if not any(s.partition == p for s in self._states.values())]
-        states = await read_changelog(self.kafka, self.state_topic, missing)
-        now_ms = int(time.time() * 1000)
-        for key, value in states.items():
-            state = self._states[key] = JoinState.decode(value)
-            if state.done:
-                self._retiring[key] = now_ms + self.retention_ms
-        log.info("%s: restored %d pending joins for partitions %s", self.io.stage, len(states), numbers)
+        # Several input topics share partition numbers: the store restores each number once.
+        report = await self.states.restore(tp.partition for tp in partitions)
+        for _ in report.corrupt:
+            self.metrics.state_corrupt.labels(self.io.stage).inc()
+        log.info("%s: restored %d pending joins for partitions %s", self.io.stage, report.restored, report.partitions)
 
     async def forget(self, partitions: list[TopicPartition]) -> None:
         numbers = {tp.partition for tp in partitions}
-        for key in [k for k, s in self._states.items() if s.partition in numbers]:
-            del self._states[key]
-            self._retiring.pop(key, None)
+        self.states.forget(numbers)
         for table in (self._event_time, self._last_offset, self._assigned_at):
             for tp in [tp for tp in table if tp.partition in numbers]:
                 del table[tp]
 
-    def _checkpoint(self, key: bytes, state: JoinState | None, partition: int) -> OutRecord:
-        return self.state_record(self.state_topic, key, state.encode() if state is not None else None, partition)
-
     # ------------------------------------------------------------------ arrivals
-    async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
+    async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         branch = self._branch_of[record.topic]
         key = record.key or b""
         if not key:
@@ -157,12 +155,11 @@ class JoinStage(StreamStage):
         tp = TopicPartition(record.topic, record.partition)
         self._event_time[tp] = record.timestamp
         self._last_offset[tp] = record.offset
-        state = self._states.get(key)
+        state = self.states.get(key)
         if state is None:
+            await self.produce_all_unowned([out for e in self.states.make_room(key) for out in self._evict(e)])
             # The window runs in event time, from the first branch's record timestamp.
-            state = self._states[key] = JoinState(
-                first_ms=record.timestamp, partition=record.partition, headers=list(record.headers or ())
-            )
+            state = JoinState(first_ms=record.timestamp, headers=list(record.headers or ()))
         if state.done or branch in state.branches:
             self.outbox.complete(slot, ())  # late, or a replay of what is already joined
             return
@@ -174,18 +171,19 @@ class JoinStage(StreamStage):
                 merged = self._merged(key, state, status=status)
             except BadRequest as bad:
                 self.dead_letter(record, slot, bad.error_class, bad.reason)
-                self._retire(key, state)
+                self._retire(key, state, record.partition)
                 return
-            self._retire(key, state)
-            self.outbox.complete(slot, (merged, self._checkpoint(key, state, state.partition)))
+            checkpoint = self._retire(key, state, record.partition)
+            self.outbox.complete(slot, (merged, checkpoint))
         else:
-            self.outbox.complete(slot, (self._checkpoint(key, state, state.partition),))
+            self.outbox.complete(slot, (self.states.put(key, state, record.partition),))
 
-    def _retire(self, key: bytes, state: JoinState) -> None:
-        """The join is done: keep a small marker (no payloads) so late arrivals are dropped."""
+    def _retire(self, key: bytes, state: JoinState, partition: int) -> OutRecord:
+        """The join is done: keep a small marker (no payloads) so late arrivals are dropped;
+        it is deleted when its retention runs out. Returns the marker's checkpoint."""
         state.done = True
         state.branches = {}
-        self._retiring[key] = int(time.time() * 1000) + self.retention_ms
+        return self.states.put(key, state, partition, ttl_s=self.retention_s)
 
     def _merged(self, key: bytes, state: JoinState, *, status: str | None = None) -> OutRecord:
         """One message with the union of the branches' tensors (branch order decides ties).
@@ -210,10 +208,10 @@ class JoinStage(StreamStage):
             parameters["join_status"] = status
             parameters["join_missing"] = ",".join(b for b in self.node.branches if b not in state.branches)
             extra_headers.append((JOIN_STATUS, status.encode()))
-        if self.to_result:
-            if self.select is not None:
-                absent = [t for t in self.select if t not in tensors]
-                tensors = {t: tensors[t] for t in self.select if t in tensors}
+        if self.node.to_result:
+            if self.node.select is not None:
+                absent = [t for t in self.node.select if t not in tensors]
+                tensors = {t: tensors[t] for t in self.node.select if t in tensors}
                 if absent and status is None:
                     raise BadRequest(ErrorClass.UNKNOWN_OUTPUT, f"result tensors {absent} were not produced")
             value, content_type = encode_response(
@@ -266,29 +264,30 @@ class JoinStage(StreamStage):
             return
         self._last_sweep = now
         watermarks: dict[int, int] = {}
-        sent: list[asyncio.Future[object]] = []
-        for key, state in list(self._states.items()):
-            if state.done:
+        out: list[OutRecord] = []
+        for entry in self.states:
+            if entry.state.done:
                 continue
-            mark = watermarks.get(state.partition)
+            mark = watermarks.get(entry.partition)
             if mark is None:
-                mark = watermarks[state.partition] = self._watermark(state.partition)
-            if mark - state.first_ms >= self.node.window_ms:
-                sent += await self._expire(key, state)
-        wall_ms = int(time.time() * 1000)
-        while self._retiring:
-            key, deadline = next(iter(self._retiring.items()))
-            if deadline > wall_ms:
-                break
-            del self._retiring[key]
-            state = self._states.pop(key, None)
-            if state is not None:
-                sent.append(await self.enqueue_unowned(self._checkpoint(key, None, state.partition)))
-        if sent:
-            await asyncio.gather(*sent)  # all enqueued first: one round trip, not one per join
+                mark = watermarks[entry.partition] = self._watermark(entry.partition)
+            if mark - entry.state.first_ms >= self.node.window_ms:
+                out += self._expire(entry)
+        for entry in self.states.due():
+            out += self._evict(entry)  # retention over: a marker is deleted, an open join expires
+        if out:
+            await self.produce_all_unowned(out)  # all enqueued first: one round trip, not one per join
+        self.metrics.state_keys.labels(self.io.stage).set(len(self.states))
 
-    async def _expire(self, key: bytes, state: JoinState) -> list[asyncio.Future[object]]:
+    def _evict(self, entry: StateEntry[JoinState]) -> list[OutRecord]:
+        """End a join now and delete it: what arrived is expired as if its window closed."""
+        out = [] if entry.state.done else self._expire(entry)
+        tombstone = self.states.delete(entry.key)
+        return out + ([tombstone] if tombstone is not None else [])
+
+    def _expire(self, entry: StateEntry[JoinState]) -> list[OutRecord]:
         """The window closed before every branch arrived: outer emits what it has, inner dead-letters."""
+        key, state = entry.key, entry.state
         missing = [b for b in self.node.branches if b not in state.branches]
         if self.node.mode == "outer":
             out = self._merged(key, state, status="partial")
@@ -309,7 +308,4 @@ class JoinStage(StreamStage):
                 dead_letter=True,
                 error_class=ErrorClass.DEADLINE_EXCEEDED.value,
             )
-        self._retire(key, state)
-        futures = [await self.enqueue_unowned(out), await self.enqueue_unowned(self._checkpoint(key, state, state.partition))]
-        self._acknowledged(out)
-        return futures
+        return [out, self._retire(key, state, entry.partition)]

@@ -22,13 +22,10 @@ Failure policy (the backend classifies each error, the loop applies it):
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-import random
 import time
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -36,27 +33,18 @@ from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.records import result_headers
 from pipeline.contract.request import InferenceRequest, decode_request, forward_request
 from pipeline.contract.response import encode_response
+from pipeline.failure_policy import Failure, FailureKind, GaveUp, RetryPolicy, call_with_retry
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import OutRecord, Outputs
+from pipeline.kafka.outbox import Outputs, OutRecord
+from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.base import Record, StageIO, StreamStage
+from workers.backend import BatchBackend, BatchOutput
+from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
 from workers.routing import TensorRouting
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 5
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 5.0
-
-    def backoff(self, attempt: int) -> float:
-        """Exponential backoff with jitter (attempt counts from 1)."""
-        cap = min(self.max_backoff_s, self.initial_backoff_s * (2 ** (attempt - 1)))
-        return random.uniform(cap / 2, cap)  # noqa: S311 - jitter, not security
 
 
 @dataclass(frozen=True)
@@ -71,62 +59,9 @@ class BatchingSettings:
     max_request_bytes: int = 16 * 1024 * 1024
 
 
-class FailureKind(enum.Enum):
-    OUTAGE = "outage"
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How the loop should treat a backend error."""
-
-    kind: FailureKind
-    error_class: ErrorClass
-    reason: str
-
-
-@dataclass(frozen=True)
-class BatchOutput:
-    """A backend call's result: one output dict per request, and who produced it."""
-
-    outputs: list[dict[str, np.ndarray]]
-    model_name: str
-    model_version: str
-
-
-class BatchBackend(Protocol):
-    """What the batching loop needs from the thing that does the work."""
-
-    name: str  # metrics label (model name, "dali")
-
-    async def setup(self) -> int:
-        """Connect, check readiness; return the backend's own row limit per call (0 = none)."""
-
-    async def close(self) -> None: ...
-
-    def check(self, request: InferenceRequest) -> object:
-        """Raise :class:`BadRequest` for a request this backend cannot serve; else return
-        whatever the backend prepared from it (passed back to :meth:`run`)."""
-
-    def rows(self, request: InferenceRequest) -> int:
-        """Rows the request adds to a batch."""
-
-    def batch_key(self, request: InferenceRequest) -> Hashable:
-        """Requests share a batch only when their keys are equal."""
-
-    async def run(self, requests: Sequence[InferenceRequest], prepared: Sequence[object]) -> BatchOutput:
-        """Serve all ``requests`` in one call; raise on failure (classified by :meth:`classify`)."""
-
-    async def classify(self, exc: BaseException) -> Failure:
-        """Decide whether ``exc`` is an outage, transient or the requests' fault."""
-
-    async def warmup(self) -> None: ...
-
-
 @dataclass(eq=False)
 class _Pending:
-    record: Record
+    record: ConsumedRecord
     slot: Slot[Outputs]
     request: InferenceRequest  # as the backend sees it (model tensor names)
     message: InferenceRequest  # as it arrived (topology tensor names)
@@ -168,7 +103,7 @@ class BatchingStage(StreamStage):
                 f"stage {self.io.stage}: max_batch_size {max_rows} exceeds {self.backend.name}'s {limit}",
             )
         self._batcher = DynamicBatcher(max_rows, self.settings.max_queue_delay_s)
-        device = getattr(self.backend, "device", None)
+        device = self.backend.device
         if device:
             self.metrics.device.labels(self.io.stage, device).set(1)
         if self._warmup:
@@ -188,7 +123,7 @@ class BatchingStage(StreamStage):
         await self.backend.close()
 
     # ------------------------------------------------------------------ per record
-    async def handle(self, record: Record, slot: Slot[Outputs]) -> None:
+    async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         assert self._batcher is not None
         try:
             request = decode_request(
@@ -209,7 +144,7 @@ class BatchingStage(StreamStage):
         for batch in self._batcher.add(self.backend.batch_key(request), pending, rows):
             self._dispatch(batch)
 
-    def _with_defaults(self, request: InferenceRequest, record: Record) -> InferenceRequest:
+    def _with_defaults(self, request: InferenceRequest, record: ConsumedRecord) -> InferenceRequest:
         """Apply the stage's default deadline (from the record's timestamp), priority and timeout."""
         s = self.settings
         changes: dict[str, Any] = {}
@@ -252,7 +187,7 @@ class BatchingStage(StreamStage):
             gauge.inc()
             try:
                 await self._serve(items)
-            except Exception as exc:  # noqa: BLE001 - never lose a slot to a bug
+            except Exception as exc:
                 log.exception("%s: batch failed unexpectedly", self.io.stage)
                 for item in items:
                     self._fail(item, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
@@ -260,42 +195,36 @@ class BatchingStage(StreamStage):
                 gauge.dec()
 
     async def _serve(self, items: list[_Pending]) -> None:
-        """Run the batch, applying the failure policy until every item has an output."""
-        retry = self.settings.retry
-        attempt = outage = 0
-        while True:
-            items = self._drop_expired(items)
-            if not items:
-                return
-            try:
-                output = await self._call(items)
-            except Exception as exc:  # noqa: BLE001 - classified below
-                failure = await self.backend.classify(exc)
-            else:
-                for item, outputs in zip(items, output.outputs, strict=True):
-                    self._succeed(item, outputs, output.model_name, output.model_version)
-                return
-            if failure.kind is FailureKind.OUTAGE:
-                outage += 1  # wait for the server; the requests keep their attempts
-                self.metrics.triton_retries.labels(self.io.stage).inc()
-                if outage == 1 or outage % 20 == 0:
-                    log.warning("%s: %s unavailable (%s); waiting", self.io.stage, self.backend.name, failure.reason)
-                await asyncio.sleep(retry.backoff(min(outage, 10)))
-            elif failure.kind is FailureKind.TRANSIENT:
-                attempt += 1
-                if attempt >= retry.max_attempts:
-                    for item in items:
-                        self._fail(item, failure.error_class, f"gave up after {attempt} attempts: {failure.reason}")
-                    return
-                self.metrics.triton_retries.labels(self.io.stage).inc()
-                await asyncio.sleep(retry.backoff(attempt))
-            elif len(items) > 1:
+        """Run the batch under the failure policy until every item has an output."""
+        live = items
+
+        async def attempt() -> BatchOutput | None:
+            nonlocal live
+            live = self._drop_expired(live)  # a request may expire between attempts
+            return await self._call(live) if live else None
+
+        try:
+            output = await call_with_retry(
+                attempt,
+                self.backend.classify,
+                self.settings.retry,
+                label=f"{self.io.stage}: {self.backend.name}",
+                on_retry=self._count_retry,
+            )
+        except GaveUp as gave_up:
+            if gave_up.failure.kind is FailureKind.PERMANENT and len(live) > 1:
                 # Find the culprit: each request alone (the others may well succeed).
-                await asyncio.gather(*(self._serve([item]) for item in items))
-                return
+                await asyncio.gather(*(self._serve([item]) for item in live))
             else:
-                self._fail(items[0], failure.error_class, failure.reason)
-                return
+                for item in live:
+                    self._fail(item, gave_up.failure.error_class, gave_up.failure.reason)
+            return
+        if output is not None:
+            for item, outputs in zip(live, output.outputs, strict=True):
+                self._succeed(item, outputs, output.model_name, output.model_version)
+
+    def _count_retry(self, failure: Failure) -> None:
+        self.metrics.triton_retries.labels(self.io.stage).inc()
 
     async def _call(self, items: list[_Pending]) -> BatchOutput:
         now = time.monotonic()

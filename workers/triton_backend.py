@@ -42,20 +42,18 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.utils import triton_to_np_dtype
 
-from pipeline.contract.errors import ErrorClass
 from pipeline.contract.request import InferenceRequest
 from pipeline.contract.validation import validate_inputs, validate_model, validate_outputs
+from pipeline.failure_policy import Failure
 from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
-from workers.stateless import BatchOutput, Failure, FailureKind
+from pipeline.triton.client import aio_client
+from pipeline.triton.failures import TritonFailureClassifier
+from workers.backend import BatchOutput
 
 log = logging.getLogger(__name__)
-
-_TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED")
-_OUTAGE_MARKERS = ("failed to connect", "connection refused", "socket closed", "connection reset", "connect failed")
-
 
 class TritonModelBackend:
     """Serve batches with one Triton model over gRPC (``tritonclient.grpc.aio``)."""
@@ -65,8 +63,10 @@ class TritonModelBackend:
         self.model = model
         self.model_version = model_version
         self.name = model
+        self.device: str | None = None
         self.description: ModelDescription | None = None
         self._client: triton_aio.InferenceServerClient | None = None
+        self._classifier: TritonFailureClassifier | None = None
         # The version answering requests that name none, and when that call was sent.
         self._serving: str | None = None
         self._serving_since = 0.0
@@ -78,7 +78,8 @@ class TritonModelBackend:
             await asyncio.to_thread(admin.wait_ready, 120.0)
             self.description = await asyncio.to_thread(admin.describe, self.model, self.model_version)
         assert self.settings.grpc_url
-        self._client = triton_aio.InferenceServerClient(self.settings.grpc_url)
+        self._client = aio_client(self.settings)
+        self._classifier = TritonFailureClassifier(self._client, self.model, self.model_version)
         return self.description.max_batch_size
 
     async def close(self) -> None:
@@ -138,8 +139,8 @@ class TritonModelBackend:
         first = requests[0]
         inputs = []
         for name, datatype in first.datatypes.items():
-            arrays = [request.inputs[name] for request in requests]
-            data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+            parts = [request.inputs[name] for request in requests]
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
             tensor = InferInput(name, list(data.shape), datatype)
             tensor.set_data_from_numpy(data)
             inputs.append(tensor)
@@ -157,7 +158,7 @@ class TritonModelBackend:
         result = response.get_response()
         if not first.model_version:
             self._observe_version(result.model_version, sent)
-        arrays = {name: response.as_numpy(name) for name in names}
+        arrays: dict[str, np.ndarray] = {name: response.as_numpy(name) for name in names}
         outputs: list[dict[str, np.ndarray]] = []
         offset = 0
         for request in requests:
@@ -209,73 +210,11 @@ class TritonModelBackend:
 
     # ------------------------------------------------------------------ failures
     async def classify(self, exc: BaseException) -> Failure:
-        if not isinstance(exc, InferenceServerException):
-            return Failure(FailureKind.PERMANENT, ErrorClass.INFERENCE_FAILED, f"{type(exc).__name__}: {exc}")
-        message = " ".join(str(exc.message() or exc).split())
-        status = str(exc.status() or "")
-        if _is_connection_failure(status, message):
-            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
-        error_class = _error_class(status, message)
-        if error_class is ErrorClass.MODEL_UNAVAILABLE:
-            states = await self._model_states()
-            if states is None or states & {"LOADING", "UNLOADING"}:
-                # Being (re)loaded or unloaded, or no index to tell: wait, as for an outage.
-                return Failure(FailureKind.OUTAGE, error_class, f"{message} (model {self.model} is being loaded or unloaded)")
-            if "READY" in states:
-                # It became ready between the failure and the index read: try again.
-                return Failure(FailureKind.TRANSIENT, error_class, f"{message} (model {self.model} is ready again)")
-        if not await self._server_ready():
-            # Unreachable, starting or shutting down: the server's problem, not the request's.
-            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
-        if error_class is ErrorClass.MODEL_UNAVAILABLE:
-            # Settled not loaded: `pipeline models load` is a person's decision, not a retry's.
-            reason = f"model {self.model!r} is not loaded on Triton: {message}"
-            return Failure(FailureKind.PERMANENT, error_class, reason)
-        kind = FailureKind.TRANSIENT if status in _TRANSIENT else FailureKind.PERMANENT
-        return Failure(kind, error_class, message)
-
-    async def _model_states(self) -> set[str] | None:
-        """The states of this model's versions (the stage's pinned one only) in the repository
-        index; ``None`` when the index cannot be read."""
-        assert self._client is not None
-        try:
-            index = await self._client.get_model_repository_index(client_timeout=2.0)
-        except InferenceServerException:
-            return None
-        return {
-            m.state
-            for m in index.models
-            if m.name == self.model and (not self.model_version or m.version == self.model_version)
-        }
-
-    async def _server_ready(self) -> bool:
-        assert self._client is not None
-        try:
-            return bool(await self._client.is_server_ready(client_timeout=2.0))
-        except InferenceServerException:
-            return False
+        assert self._classifier is not None
+        return await self._classifier.classify(exc)
 
 
 def _client_timeout(request: InferenceRequest) -> float | None:
     if request.deadline_ms is None:
         return None
     return max(0.001, request.deadline_ms / 1000 - time.time())
-
-
-def _is_connection_failure(status: str, message: str) -> bool:
-    text = message.lower()
-    return status == "StatusCode.UNAVAILABLE" and any(m in text for m in _OUTAGE_MARKERS)
-
-
-def _error_class(status: str, message: str) -> ErrorClass:
-    text = message.lower()
-    if "no available versions" in text or "is not ready" in text or "is not at ready state" in text:
-        return ErrorClass.MODEL_UNAVAILABLE  # known to the repository, but not loaded
-    if "unknown model" in text or "not found" in text:
-        return ErrorClass.UNKNOWN_MODEL
-    if "unavailable" in text or "not ready" in text:
-        return ErrorClass.MODEL_UNAVAILABLE
-    if status == "StatusCode.DEADLINE_EXCEEDED" or "timeout" in text:
-        return ErrorClass.DEADLINE_EXCEEDED
-    return ErrorClass.INFERENCE_FAILED
-

@@ -106,8 +106,8 @@ class DecodedAudio:
     def mono(self) -> np.ndarray:
         """The mean of the channels, float32 ``[frames]`` (DALI's ``downmix=True``)."""
         if self.samples.shape[1] == 1:
-            return self.samples[:, 0].copy()
-        return self.samples.mean(axis=1, dtype=np.float32)
+            return np.array(self.samples[:, 0])
+        return np.asarray(self.samples.mean(axis=1, dtype=np.float32))
 
 
 # --------------------------------------------------------------------------- WAV

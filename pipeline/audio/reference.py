@@ -84,4 +84,4 @@ def polyphase_resample(signal: np.ndarray, in_rate: int, out_rate: int) -> np.nd
     if in_rate == out_rate:
         return np.asarray(signal, np.float32).copy()
     common = gcd(in_rate, out_rate)
-    return resample_poly(signal, out_rate // common, in_rate // common).astype(np.float32)
+    return np.asarray(resample_poly(signal, out_rate // common, in_rate // common), dtype=np.float32)

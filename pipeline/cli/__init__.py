@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import sys
 
+# Importing registers the sub-commands on `app`.
+from pipeline.cli import consume as _consume  # noqa: F401
+from pipeline.cli import models as _models  # noqa: F401
+from pipeline.cli import produce as _produce  # noqa: F401
+from pipeline.cli import run as _run  # noqa: F401
+from pipeline.cli import stack as _stack  # noqa: F401
+from pipeline.cli import validate as _validate  # noqa: F401
 from pipeline.cli.app import app, console_err
 from pipeline.errors import PipelineError
-
-# Importing registers the sub-commands on `app`.
-from pipeline.cli import consume as _consume  # noqa: E402,F401
-from pipeline.cli import models as _models  # noqa: E402,F401
-from pipeline.cli import produce as _produce  # noqa: E402,F401
-from pipeline.cli import run as _run  # noqa: E402,F401
-from pipeline.cli import stack as _stack  # noqa: E402,F401
-from pipeline.cli import validate as _validate  # noqa: E402,F401
 
 
 def main() -> None:

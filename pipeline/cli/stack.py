@@ -78,7 +78,8 @@ def down(
     state = read_stack_state()
     if state is None:
         raise ConfigError("no embedded stack is running")
-    pid = int(state["pid"])  # type: ignore[arg-type]
+    pid = state["pid"]
+    assert isinstance(pid, int)  # read_stack_state returns only states with an integer pid
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -20,7 +20,7 @@ from pipeline.errors import ConfigError
 from pipeline.settings import TritonSettings
 from pipeline.topology.compat import check_compatibility
 from pipeline.topology.loader import load_topology
-from pipeline.topology.model import DaliStage, SequenceStage, StatelessStage, Topology
+from pipeline.topology.model import DaliStageConfig, SequenceStageConfig, StatelessStageConfig, Topology
 from pipeline.topology.schema import render_schema
 
 
@@ -115,12 +115,12 @@ def _print_summary(topology: Topology) -> None:
         _print_graph(topology)
         return
     for stage, route in zip(topology.stages, topology.stage_topics(), strict=True):
-        if isinstance(stage, StatelessStage):
+        if isinstance(stage, StatelessStageConfig):
             model = stage.model + (f" version {stage.model_version}" if stage.model_version else "")
-        elif isinstance(stage, SequenceStage):
+        elif isinstance(stage, SequenceStageConfig):
             model = stage.model
         else:
-            assert isinstance(stage, DaliStage)
+            assert isinstance(stage, DaliStageConfig)
             model = f"DALI on {stage.device}"
         line = (
             f"{stage.name} ({stage.kind}, {model}): {route.input} -> {route.output}, "

@@ -15,7 +15,7 @@ from pipeline.contract.records import (
 from pipeline.contract.request import InferenceRequest, WireForm, decode_request, encode_request
 from pipeline.contract.response import InferenceResponse, decode_response, encode_response
 from pipeline.contract.validation import (
-    TensorSpec,
+    DeclaredTensor,
     validate_inputs,
     validate_model,
     validate_outputs,
@@ -24,11 +24,11 @@ from pipeline.contract.validation import (
 __all__ = [
     "BadRequest",
     "DeadLetter",
+    "DeclaredTensor",
     "ErrorClass",
     "InferenceRequest",
     "InferenceResponse",
     "Record",
-    "TensorSpec",
     "WireForm",
     "dead_letter_headers",
     "decode_request",

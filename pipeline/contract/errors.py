@@ -14,7 +14,15 @@ from enum import Enum
 MAX_REASON_CHARS = 500
 
 
-class ErrorClass(str, Enum):
+class TextEnum(str, Enum):
+    """A ``str`` enum whose ``str()`` is its value, written as-is into headers and output
+    (what ``enum.StrEnum`` does from Python 3.11; we still support 3.10)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class ErrorClass(TextEnum):
     """Stable kebab-case codes for the ``error-class`` dead-letter header."""
 
     # The record itself.
@@ -42,9 +50,6 @@ class ErrorClass(str, Enum):
     INFERENCE_FAILED = "inference-failed"
     MODEL_UNAVAILABLE = "model-unavailable"
     UNENCODABLE_OUTPUT = "unencodable-output"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def one_line(text: str, limit: int = MAX_REASON_CHARS) -> str:

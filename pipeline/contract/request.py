@@ -393,4 +393,4 @@ def _merge(
         raise BadRequest(
             ErrorClass.BAD_HEADER, f"header {header!r} disagrees with request parameter {param!r}"
         )
-    return from_header if from_header is not None else from_body  # type: ignore[return-value]
+    return from_header if from_header is not None else from_body

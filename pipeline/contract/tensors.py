@@ -317,7 +317,7 @@ def to_json(array: np.ndarray, datatype: str) -> list[Any]:
             raise TensorEncodingError(
                 "BYTES element is not UTF-8 text, so it has no JSON form"
             ) from None
-    return np.asarray(array, dtype=numpy_dtype(datatype)).ravel(order="C").tolist()
+    return list(np.asarray(array, dtype=numpy_dtype(datatype)).ravel(order="C").tolist())
 
 
 def _flatten(data: Any, name: str) -> list[Any]:

@@ -15,7 +15,7 @@ from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.request import InferenceRequest
 
 
-class TensorSpec(Protocol):
+class DeclaredTensor(Protocol):
     """One input or output of a model config (e.g. parsed from Triton's model metadata)."""
 
     @property
@@ -27,7 +27,7 @@ class TensorSpec(Protocol):
     ) -> str: ...  # KServe name ("FP32"); Triton config names ("TYPE_FP32") are accepted too
 
     @property
-    def shape(self) -> tuple[int, ...]: ...  # per-item dims, -1 = any; no batch dim
+    def shape(self) -> Sequence[int]: ...  # per-item dims, -1 = any; no batch dim
 
     @property
     def optional(self) -> bool: ...
@@ -55,7 +55,7 @@ def validate_model(request: InferenceRequest, *, model_name: str, model_version:
 
 
 def validate_inputs(
-    request: InferenceRequest, inputs_spec: Sequence[TensorSpec], *, max_batch_size: int
+    request: InferenceRequest, inputs_spec: Sequence[DeclaredTensor], *, max_batch_size: int
 ) -> None:
     """Names, datatypes and shapes of the request's inputs against the model's.
 
@@ -106,7 +106,7 @@ def validate_inputs(
         )
 
 
-def validate_outputs(request: InferenceRequest, outputs_spec: Sequence[TensorSpec]) -> None:
+def validate_outputs(request: InferenceRequest, outputs_spec: Sequence[DeclaredTensor]) -> None:
     """Every requested output must exist in the model (none requested means all)."""
     known = {spec.name for spec in outputs_spec}
     for name in request.requested_outputs:
@@ -117,4 +117,4 @@ def validate_outputs(request: InferenceRequest, outputs_spec: Sequence[TensorSpe
 
 
 def _dims_match(actual: tuple[int, ...], expected: tuple[int, ...]) -> bool:
-    return len(actual) == len(expected) and all(e == -1 or a == e for a, e in zip(actual, expected))
+    return len(actual) == len(expected) and all(e == -1 or a == e for a, e in zip(actual, expected, strict=False))

@@ -17,14 +17,16 @@ from pipeline.kafka.clients import make_consumer
 from pipeline.settings import KafkaSettings
 
 
-async def read_changelog(settings: KafkaSettings, topic: str, partitions: Iterable[int]) -> dict[bytes, bytes]:
-    """``key -> latest value`` (tombstoned keys left out) of ``partitions`` of ``topic``."""
+async def read_changelog(
+    settings: KafkaSettings, topic: str, partitions: Iterable[int]
+) -> dict[int, dict[bytes, bytes]]:
+    """Per partition number, ``key -> latest value`` (tombstoned keys left out)."""
     wanted = [TopicPartition(topic, p) for p in partitions]
+    latest: dict[int, dict[bytes, bytes]] = {tp.partition: {} for tp in wanted}
     if not wanted:
-        return {}
+        return latest
     consumer = make_consumer(settings, group_id=None, isolation_level="read_uncommitted")
     await consumer.start()
-    latest: dict[bytes, bytes] = {}
     try:
         consumer.assign(wanted)
         end = await consumer.end_offsets(wanted)
@@ -34,13 +36,14 @@ async def read_changelog(settings: KafkaSettings, topic: str, partitions: Iterab
         # batch must not be missed.
         while True:
             batch = await consumer.getmany(*wanted, timeout_ms=200)
-            for records in batch.values():
+            for tp, records in batch.items():
+                table = latest[tp.partition]
                 for record in records:
                     key = record.key or b""
                     if record.value is None:
-                        latest.pop(key, None)
+                        table.pop(key, None)
                     else:
-                        latest[key] = record.value
+                        table[key] = record.value
             if not batch and not await _behind(consumer, wanted, end):
                 break
     finally:

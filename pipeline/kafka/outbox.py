@@ -11,21 +11,22 @@ before the acknowledgement replays the record; nothing is committed early.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
+from pipeline.contract.headers import Headers
 from pipeline.kafka.ordering import OrderedOffsets, Slot
 
 log = logging.getLogger(__name__)
 
-Headers = list[tuple[str, bytes]]
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Outbox:
                     # One output (the common case) needs no gather: watch its own future.
                     done = sent[0] if len(sent) == 1 else asyncio.gather(*sent)
                     self._delivery.add(done)
-                    done.add_done_callback(lambda f, s=slot: self._delivered(f, s))
+                    done.add_done_callback(functools.partial(self._delivered, slot=slot))
                 else:
                     self._acknowledge(slot)
 

@@ -89,8 +89,23 @@ class PipelineMetrics:
         self.idle_closed = Counter(
             "pipeline_streams_closed_idle_total", "Streams closed after their idle timeout.", ["stage"], registry=r
         )
-        self.streams_open = Gauge(
-            "pipeline_streams_open", "Streams with state held by this process.", ["stage"], registry=r
+        self.state_keys = Gauge(
+            "pipeline_state_keys",
+            "Keyed states held by this process (open streams and their ended markers, open joins).",
+            ["stage"],
+            registry=r,
+        )
+        self.state_evictions = Counter(
+            "pipeline_state_evictions_total",
+            "Keyed states closed early because the stage held its maximum number of keys.",
+            ["stage"],
+            registry=r,
+        )
+        self.state_corrupt = Counter(
+            "pipeline_state_corrupt_total",
+            "State records that could not be decoded on restore (the key started fresh).",
+            ["stage"],
+            registry=r,
         )
         self.device = Gauge(
             "pipeline_stage_device_info", "Where a stage computes (1 for its device).", ["stage", "device"], registry=r

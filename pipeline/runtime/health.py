@@ -7,6 +7,7 @@ answer promptly even while batches run.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from aiohttp import web
@@ -35,8 +36,8 @@ class HealthServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
-        server = site._server  # noqa: SLF001 - aiohttp exposes the bound port only here
-        assert server is not None and server.sockets
+        server = site._server
+        assert isinstance(server, asyncio.base_events.Server) and server.sockets
         self.port = int(server.sockets[0].getsockname()[1])
         return self.port
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pipeline.errors import EndpointUnreachable
-from pipeline.topology.model import SequenceStage, Stage, StatelessStage, Topology
+from pipeline.topology.model import SequenceStageConfig, Stage, StatelessStageConfig, Topology
 
 
 class TensorLike(Protocol):
@@ -78,7 +78,7 @@ class _Binding:
 
 def _binding(stage: Stage) -> _Binding | None:
     """The model binding of a stage that calls Triton; None for in-process stages (DALI)."""
-    if isinstance(stage, StatelessStage):
+    if isinstance(stage, StatelessStageConfig):
         return _Binding(
             stage.name,
             stage.model,
@@ -87,7 +87,7 @@ def _binding(stage: Stage) -> _Binding | None:
             stage.output_map,
             stage.batching.max_batch_size,
         )
-    if isinstance(stage, SequenceStage):
+    if isinstance(stage, SequenceStageConfig):
         return _Binding(stage.name, stage.model, "", {}, {}, None)
     return None
 
@@ -100,7 +100,7 @@ def _model_label(binding: _Binding) -> str:
 def shapes_compatible(produced: Sequence[int], consumed: Sequence[int]) -> bool:
     """Same rank, and every dimension equal or variable (-1) on either side."""
     return len(produced) == len(consumed) and all(
-        p == c or p == -1 or c == -1 for p, c in zip(produced, consumed)
+        p == c or p == -1 or c == -1 for p, c in zip(produced, consumed, strict=True)
     )
 
 

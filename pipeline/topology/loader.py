@@ -158,7 +158,7 @@ class TopologyLoader(yaml.SafeLoader):
         node.value = _REFERENCE.sub(substitute, original)
         if node.style is None and node.tag == _STR_TAG:
             # A plain scalar: type the substituted text as YAML would have typed it.
-            node.tag = self.resolve(yaml.ScalarNode, node.value, (True, False))
+            node.tag = self.resolve(yaml.ScalarNode, node.value, (True, False))  # type: ignore[no-untyped-call]
 
 
 # --------------------------------------------------------------------------- errors

@@ -20,6 +20,7 @@ to the error's location, which the loader uses for the line number.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -198,7 +199,7 @@ class Batching(_Strict):
     """Requests consumed but not yet answered; above it, consumption pauses (backpressure)."""
 
 
-class RetryPolicy(_Strict):
+class RetryConfig(_Strict):
     """Retries of a failed inference call, with exponential backoff."""
 
     max_attempts: PositiveInt = 5
@@ -209,7 +210,7 @@ class RetryPolicy(_Strict):
     """Upper bound on the wait between retries."""
 
     @model_validator(mode="after")
-    def _backoff_order(self) -> RetryPolicy:
+    def _backoff_order(self) -> RetryConfig:
         if self.max_backoff_ms < self.initial_backoff_ms:
             raise _located(
                 f"max_backoff_ms ({self.max_backoff_ms:g}) is below "
@@ -222,7 +223,7 @@ class RetryPolicy(_Strict):
 # --------------------------------------------------------------------------- stages
 
 
-class JoinSettings(_Strict):
+class JoinConfig(_Strict):
     """How a step (or the result) waits for the branches it needs, by correlation ID."""
 
     mode: Literal["inner", "outer", "any"] = "inner"
@@ -242,7 +243,7 @@ class _StageBase(_Strict):
     """Topic this stage produces; null = <topology>.<stage>.out (last stage: result_topic)."""
 
 
-class StatelessStage(_StageBase):
+class StatelessStageConfig(_StageBase):
     """Independent requests to one Triton model, micro-batched across records."""
 
     kind: Literal["stateless"]
@@ -262,16 +263,16 @@ class StatelessStage(_StageBase):
     """Triton request priority (1 = highest, 0 = the model's default)."""
     timeout_ms: PositiveFloat | None = None
     """Triton-side timeout of one inference call."""
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
     max_request_bytes: PositiveInt = 16 * 1024 * 1024
     """Larger record values are dead-lettered (oversized-value) before any decoding."""
-    join: JoinSettings = Field(default_factory=JoinSettings)
+    join: JoinConfig = Field(default_factory=JoinConfig)
     """Graph topologies: how this step waits when its inputs come from parallel branches."""
     warmup: bool = False
     """Infer once before consuming, so the first real record does not pay for model start-up."""
 
 
-class DaliStage(_StageBase):
+class DaliStageConfig(_StageBase):
     """Audio pre-processing with NVIDIA DALI: decode, downmix, resample; no Triton model.
 
     Stateless and batched across records like any stateless stage. Framing into
@@ -295,9 +296,11 @@ class DaliStage(_StageBase):
     max_request_bytes: PositiveInt = 16 * 1024 * 1024
 
 
-class SegmentSettings(_Strict):
-    """Speech segments from per-frame probabilities (Silero's hysteresis rule)."""
+class VadSegmentsConfig(_Strict):
+    """Post-processor ``vad_segments``: speech segments from per-frame probabilities
+    (Silero's hysteresis rule) and a per-stream summary."""
 
+    kind: Literal["vad_segments"] = "vad_segments"
     threshold: float = Field(default=0.5, gt=0, lt=1)
     """A frame at or above this probability is speech."""
     neg_threshold: float = Field(default=0.35, gt=0, lt=1)
@@ -310,7 +313,7 @@ class SegmentSettings(_Strict):
     """Model output holding the per-frame probability."""
 
 
-class SequenceStage(_StageBase):
+class SequenceStageConfig(_StageBase):
     """A stateful Triton model: all records of one key go to one Triton sequence, in order."""
 
     kind: Literal["sequence"]
@@ -321,6 +324,8 @@ class SequenceStage(_StageBase):
     """Request tensor with the stream's new samples; framed into the model's window."""
     model_input: str | None = None
     """Model input the frames go to; null = the model's first non-optional input."""
+    sample_rate: PositiveInt = 16000
+    """Samples per second of the incoming samples (a DALI stage in front: its sample_rate)."""
     state_map: TensorMap = Field(default_factory=dict)
     """Model state input -> the output that feeds it (e.g. state_in: state_out). The worker
     checkpoints these outputs to Kafka and sends them back with START to resume a sequence
@@ -336,15 +341,32 @@ class SequenceStage(_StageBase):
     """How long chunks wait for a missing earlier chunk before they are dead-lettered."""
     ended_retention_s: PositiveFloat = 600.0
     """How long an ended stream is remembered, so late duplicates are recognised."""
+    max_streams: PositiveInt | None = None
+    """Streams one worker holds state for; when a new stream would exceed it, the idlest
+    stream is closed (summary with reason "evicted") and forgotten. null = unbounded."""
     max_pending_requests: PositiveInt = 4096
-    segments: SegmentSettings | None = None
-    """Report speech segments and a per-stream summary (VAD models)."""
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    """Retries of a failed Triton call (outages wait without counting attempts)."""
+    postprocess: VadSegmentsConfig | None = None
+    """What to emit besides each chunk's outputs; null = chunk results only."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _segments_alias(cls, data: Any) -> Any:
+        """``segments:`` (before post-processors had a kind) means ``postprocess: vad_segments``."""
+        if isinstance(data, dict) and "segments" in data:
+            data = dict(data)
+            if "postprocess" in data:
+                raise ValueError("give either segments or postprocess, not both")
+            segments = data.pop("segments")
+            data["postprocess"] = None if segments is None else {"kind": "vad_segments", **segments}
+        return data
 
 
-Stage = Annotated[StatelessStage | DaliStage | SequenceStage, Field(discriminator="kind")]
+Stage = Annotated[StatelessStageConfig | DaliStageConfig | SequenceStageConfig, Field(discriminator="kind")]
 """One stage; ``kind`` selects the model."""
 
-ModelStage = (StatelessStage, SequenceStage)
+ModelStageConfig = (StatelessStageConfig, SequenceStageConfig)
 """Stage kinds that call a Triton model (``isinstance`` target)."""
 
 
@@ -385,7 +407,7 @@ class Topology(_Strict):
     """Graph topologies: the tensors written to the result topic. Setting it makes the
     stages a graph wired by input_map/output_map (Triton ensemble semantics) instead of a
     chain; fan-out and joins follow from the maps."""
-    result_join: JoinSettings = Field(default_factory=JoinSettings)
+    result_join: JoinConfig = Field(default_factory=JoinConfig)
     """Graph topologies: how the result waits when its outputs come from parallel branches."""
     stages: list[Stage] = Field(min_length=1)
 
@@ -400,7 +422,7 @@ class Topology(_Strict):
             steps=[
                 StepSpec(s.name, s.input_map, s.output_map, s.join.mode, s.join.window_ms)
                 for s in self.stages
-                if isinstance(s, StatelessStage)
+                if isinstance(s, StatelessStageConfig)
             ],
             inputs=self.inputs or [],
             outputs=self.outputs or [],
@@ -416,7 +438,7 @@ class Topology(_Strict):
         if not self.inputs:
             raise _located("a graph topology names its input tensors", ("inputs",))
         for index, stage in enumerate(self.stages):
-            if not isinstance(stage, StatelessStage):
+            if not isinstance(stage, StatelessStageConfig):
                 raise _located(f"graph steps are stateless stages; {stage.kind!r} runs in chains only", ("stages", index, "kind"))
             if stage.input_topic or stage.output_topic:
                 raise _located("graph steps get their topics from the graph", ("stages", index, "input_topic"))
@@ -426,8 +448,8 @@ class Topology(_Strict):
         try:
             self.graph()
         except GraphError as exc:
-            index = next((i for i, s in enumerate(self.stages) if s.name == exc.step), None)
-            raise _located(str(exc), ("stages", index, exc.field_name) if index is not None else (exc.field_name,)) from None
+            where = next((i for i, s in enumerate(self.stages) if s.name == exc.step), None)
+            raise _located(str(exc), ("stages", where, exc.field_name) if where is not None else (exc.field_name,)) from None
 
     @model_validator(mode="after")
     def _check_chain(self) -> Topology:
@@ -451,6 +473,17 @@ class Topology(_Strict):
                     f"topic {topic!r} appears twice in the stage chain; a stage would "
                     "consume its own or a later stage's output",
                     ("stages", index - 1, "output_topic"),
+                )
+        for index, (before, stage) in enumerate(itertools.pairwise(self.stages), start=1):
+            if (
+                isinstance(before, DaliStageConfig)
+                and isinstance(stage, SequenceStageConfig)
+                and before.sample_rate != stage.sample_rate
+            ):
+                raise _located(
+                    f"sample_rate {stage.sample_rate} differs from stage {before.name!r}, "
+                    f"which emits {before.sample_rate} Hz",
+                    ("stages", index, "sample_rate"),
                 )
         for field in ("dead_letter_topic", "metrics_topic"):
             topic = getattr(self, field)
@@ -504,7 +537,7 @@ class Topology(_Strict):
                 ("stages", 0, "input_topic"),
             )
         inputs = [self.input_topic, *outputs[:-1]]
-        return [StageTopics(input=i, output=o) for i, o in zip(inputs, outputs)]
+        return [StageTopics(input=i, output=o) for i, o in zip(inputs, outputs, strict=True)]
 
     def stage_topics(self) -> list[StageTopics]:
         """The resolved (input, output) topics of each stage, aligned with :attr:`stages`."""
@@ -534,7 +567,7 @@ class Topology(_Strict):
         return f"{self.group_id(stage)}.state"
 
     def state_topics(self) -> list[str]:
-        stateful = [self.state_topic(s.name) for s in self.stages if isinstance(s, SequenceStage)]
+        stateful = [self.state_topic(s.name) for s in self.stages if isinstance(s, SequenceStageConfig)]
         if self.is_graph:
             stateful += [f"{self.name}.{join}.state" for join in self.graph().joins]
         return stateful

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
@@ -19,8 +19,15 @@ from pipeline.contract.records import Record
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
 from tests.helpers.kafka_io import header
-from tests.helpers.vad_reference import CHUNK, SAMPLE_RATE, VadStream, speech_with_silence, to_chunks, vad_session
-from workers.sequence_state import Segment, SegmentTracker
+from tests.helpers.vad_reference import (
+    CHUNK,
+    SAMPLE_RATE,
+    VadStream,
+    speech_with_silence,
+    to_chunks,
+    vad_session,
+)
+from workers.sequence.postprocess import Segment, SegmentTracker
 
 UTTERANCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -47,7 +54,7 @@ AUDIO_STAGES = [DALI_STAGE, SEQUENCE_STAGE]
 """topologies/audio.yaml's stages: DALI preprocessing, then the sequence stage."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def utterance(index: int, pad_s: float = 1.0) -> np.ndarray:
     """16 kHz float32 speech with ``pad_s`` of silence around it (cached per process)."""
     return speech_with_silence(UTTERANCES[index % len(UTTERANCES)], pad_s=pad_s)
@@ -90,7 +97,7 @@ class Expected:
     chunks: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def _reference_probabilities(index: int) -> np.ndarray:
     return VadStream(vad_session()).run(to_chunks(utterance(index)))
 
@@ -104,7 +111,9 @@ def expected(index: int, chunk_samples: int = CHUNK) -> Expected:
     if last := tracker.finish(len(probs)):
         segments.append(last)
     chunks = -(-len(utterance(index)) // chunk_samples)
-    return Expected(probs, [(s.start_frame * frame_s, s.end_frame * frame_s) for s in segments], chunks)
+    return Expected(
+        probs, [(s.start_frame * frame_s, s.end_frame * frame_s) for s in segments], chunks
+    )
 
 
 @dataclass
@@ -119,7 +128,11 @@ class StreamResults:
     conflicting: int = 0
 
     def probabilities(self) -> np.ndarray:
-        return np.concatenate([self.chunks[i] for i in sorted(self.chunks)]) if self.chunks else np.zeros(0)
+        return (
+            np.concatenate([self.chunks[i] for i in sorted(self.chunks)])
+            if self.chunks
+            else np.zeros(0)
+        )
 
 
 def gather(records: list[ConsumerRecord[bytes, bytes]]) -> dict[str, StreamResults]:
@@ -144,9 +157,14 @@ def gather(records: list[ConsumerRecord[bytes, bytes]]) -> dict[str, StreamResul
             out.chunks[ident] = response.outputs["probability"].reshape(-1)
             out.chunk_order.append(ident)
         elif kind == "segment":
-            out.segments[ident] = (float(response.outputs["start_s"][0]), float(response.outputs["end_s"][0]))
+            out.segments[ident] = (
+                float(response.outputs["start_s"][0]),
+                float(response.outputs["end_s"][0]),
+            )
         elif kind == "summary":
-            out.summary = {name: float(np.asarray(v).reshape(-1)[0]) for name, v in response.outputs.items()}
+            out.summary = {
+                name: float(np.asarray(v).reshape(-1)[0]) for name, v in response.outputs.items()
+            }
     return dict(streams)
 
 

@@ -6,6 +6,7 @@ one broker without seeing each other's records.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,14 +15,16 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from aiokafka.structs import ConsumerRecord
 
 from pipeline.embedded.process import free_port
+from tests.helpers.kafka_io import Collected, collect
 
 
 @dataclass
@@ -93,7 +96,7 @@ class PipelineProcess:
         argv = [sys.executable, "-m", "pipeline", "run", str(self.topology.path), "--http-port", str(self.http_port)]
         for name in [self.stage] if isinstance(self.stage, str) else (self.stage or []):
             argv += ["--stage", name]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        log = open(self.log_path, "ab")  # owned by the process, closed when it exits
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
@@ -118,7 +121,7 @@ class PipelineProcess:
         _, text = self.get("/metrics")
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
@@ -160,3 +163,19 @@ def pipeline_process(
         if process.proc is not None and process.proc.poll() is None:
             process.proc.kill()
             process.proc.wait(timeout=10)
+
+
+def collect_outputs(
+    bootstrap: str,
+    topology: TopologyFiles,
+    done: Callable[[list[ConsumerRecord[bytes, bytes]]], bool],
+    timeout: float,
+) -> Collected:
+    """Read the topology's result and dead-letter topics from the beginning until ``done``."""
+    topics = [topology.result_topic, topology.dead_letter_topic]
+    return asyncio.run(collect(bootstrap, topics, done=done, timeout=timeout))
+
+
+def distinct_keys(n: int) -> Callable[[list[ConsumerRecord[bytes, bytes]]], bool]:
+    """``done`` for :func:`collect_outputs`: ``n`` different keys seen (a replay repeats some)."""
+    return lambda records: len({r.key for r in records}) >= n

@@ -7,7 +7,6 @@ import json
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +15,12 @@ import pytest
 from pipeline.audio.wav import canonical_wav
 from pipeline.contract.records import Record, read_dead_letter
 from pipeline.contract.request import encode_request
-from tests.helpers.kafka_io import collect, header, produce
+from tests.helpers.cli import run_cli
+from tests.helpers.kafka_io import header, produce
 from tests.helpers.streams import AUDIO_STAGES, Expected, assert_stream_matches, gather, utterance
-from tests.helpers.topology_process import pipeline_process, write_topology
+from tests.helpers.topology_process import collect_outputs, pipeline_process, write_topology
 from tests.helpers.vad_reference import CHUNK, CHUNK_SECONDS, VadStream, to_chunks, vad_session
-from workers.sequence_state import SegmentTracker
+from workers.sequence.postprocess import SegmentTracker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -75,13 +75,8 @@ def test_wav_and_pcm_chunks_through_dali_equal_offline(
     records = [r for key, (as_wav, size) in streams.items() for r in _chunk_records(key, pcm, size, as_wav=as_wav)]
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, records))
-        out = asyncio.run(
-            collect(
-                kafka_bootstrap,
-                [topo.result_topic, topo.dead_letter_topic],
-                done=lambda rs: sum(header(r, "result-type") == "summary" for r in rs) >= 2,
-                timeout=90,
-            )
+        out = collect_outputs(
+            kafka_bootstrap, topo, lambda rs: sum(header(r, "result-type") == "summary" for r in rs) >= 2, timeout=90
         )
         assert worker.metric("pipeline_stage_device_info") == 1  # the DALI stage reports its device
         _, text = worker.get("/metrics")
@@ -103,18 +98,15 @@ def test_produce_audio_and_consume_show_segments_at_the_speech(
     # One second of silence before and after, as 16-bit PCM at the file's own rate.
     _pad_wav(speech, seconds=1.0)
     topo = write_topology(tmp_path, partitions=2, stages=AUDIO_STAGES)
-    cli = [sys.executable, "-m", "pipeline"]
     with pipeline_process(topo, cli_env, tmp_path) as worker:
-        sent = subprocess.run(
-            cli + ["produce", "--topology", str(topo.path), "--audio", str(speech), "--chunk-ms", "32",
-                   "--key", "stream-1", "--speed", "0"],
-            env=cli_env, capture_output=True, text=True, timeout=120,
+        sent = run_cli(
+            cli_env, "produce", "--topology", str(topo.path), "--audio", str(speech), "--chunk-ms", "32",
+            "--key", "stream-1", "--speed", "0",
         )
         assert sent.returncode == 0, sent.stderr
         assert "streaming speech.wav as 'stream-1'" in sent.stderr
-        shown = subprocess.run(
-            cli + ["consume", "--topology", str(topo.path), "--from-beginning", "--json", "--timeout", "15"],
-            env=cli_env, capture_output=True, text=True, timeout=120,
+        shown = run_cli(
+            cli_env, "consume", "--topology", str(topo.path), "--from-beginning", "--json", "--timeout", "15"
         )
         assert shown.returncode == 0, shown.stderr
         assert worker.terminate() == 0
@@ -172,14 +164,12 @@ def test_bad_audio_goes_to_dead_letters_and_streams_go_on(
     follow_up = _chunk_records("good-after", good, 512, as_wav=False)
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, [*bad.values(), *follow_up]))
-        out = asyncio.run(
-            collect(
-                kafka_bootstrap,
-                [topo.result_topic, topo.dead_letter_topic],
-                done=lambda rs: any(header(r, "result-type") == "summary" for r in rs)
-                and len([r for r in rs if r.topic == topo.dead_letter_topic]) >= len(bad),
-                timeout=60,
-            )
+        out = collect_outputs(
+            kafka_bootstrap,
+            topo,
+            lambda rs: any(header(r, "result-type") == "summary" for r in rs)
+            and len([r for r in rs if r.topic == topo.dead_letter_topic]) >= len(bad),
+            timeout=60,
         )
         assert worker.terminate() == 0
     dead = {r.key.decode(): r for r in out.on(topo.dead_letter_topic)}

@@ -56,7 +56,7 @@ def _start_up(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, str], Pa
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "up", "--log-dir", str(tmp_path / "logs")],
         env=env,
-        stdout=open(log, "w"),  # noqa: SIM115 - closed with the process
+        stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -77,7 +77,7 @@ def _exported(text: str) -> dict[str, str]:
 
 
 def test_up_serves_models_from_s3_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
-    proc, env, log = _start_up(tmp_path)
+    proc, _env, log = _start_up(tmp_path)
     try:
         exported = _exported(log.read_text())
         for key in (
@@ -119,7 +119,7 @@ def test_up_serves_models_from_s3_and_ctrl_c_leaves_no_process(tmp_path: Path) -
 
 
 def test_down_stops_a_running_stack(tmp_path: Path) -> None:
-    proc, env, log = _start_up(tmp_path)
+    proc, env, _log = _start_up(tmp_path)
     children = _descendants(proc.pid)
     down = subprocess.run(
         [sys.executable, "-m", "pipeline", "down"], env=env, capture_output=True, text=True, timeout=90

@@ -14,9 +14,21 @@ import yaml
 from pipeline.contract.records import Record, read_dead_letter
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
-from tests.helpers.dense_reference import mlp_reference, norm_reference, random_features, score_reference
+from tests.helpers.dense_reference import (
+    mlp_reference,
+    norm_reference,
+    random_features,
+    score_reference,
+)
 from tests.helpers.kafka_io import collect, header, produce
-from tests.helpers.topology_process import PipelineProcess, TopologyFiles, pipeline_process, write_topology
+from tests.helpers.topology_process import (
+    PipelineProcess,
+    TopologyFiles,
+    collect_outputs,
+    distinct_keys,
+    pipeline_process,
+    write_topology,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -65,9 +77,7 @@ def test_fan_out_and_inner_join_end_to_end(kafka_bootstrap: str, cli_env: dict[s
     records, raw = _requests(1000, seed=11, prefix="ens")
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, records))
-        out = asyncio.run(
-            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=lambda rs: len(rs) >= 1000, timeout=120)
-        )
+        out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= 1000, timeout=120)
         assert worker.terminate() == 0
     assert out.on(topo.dead_letter_topic) == []
     seen = _check_full(out.on(topo.result_topic), raw)
@@ -142,14 +152,7 @@ def test_join_state_survives_kill_9_of_the_joining_worker(
         joiner.kill()  # half-joined state for every request, only in Kafka now
         restarted = PipelineProcess(topo, cli_env, tmp_path / "join-2.log", stage="join-result").start()
         with pipeline_process(topo, cli_env, tmp_path, stage="score"):
-            out = asyncio.run(
-                collect(
-                    kafka_bootstrap,
-                    [topo.result_topic, topo.dead_letter_topic],
-                    done=lambda rs: len({r.key for r in rs}) >= n,
-                    timeout=120,
-                )
-            )
+            out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=120)
         assert restarted.terminate() == 0, restarted.log()
     dead = out.on(topo.dead_letter_topic)
     assert dead == [], [read_dead_letter(d.headers).reason for d in dead[:3]]

@@ -36,7 +36,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from onnx import TensorProto, helper, numpy_helper
-from tritonclient.grpc import InferenceServerClient, InferInput
+from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from pipeline.contract.errors import ErrorClass
@@ -44,12 +44,13 @@ from pipeline.contract.records import Record, read_dead_letter
 from pipeline.contract.request import decode_request, encode_request
 from pipeline.contract.response import decode_response
 from pipeline.errors import PipelineError
+from pipeline.failure_policy import FailureKind
 from pipeline.modelstore.store import ModelStore
 from pipeline.settings import S3Settings, TritonSettings
 from pipeline.triton.admin import TritonAdmin
+from pipeline.triton.client import sync_client
 from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.topology_process import TopologyFiles, pipeline_process, write_topology
-from workers.stateless import FailureKind
 from workers.triton_backend import TritonModelBackend
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.s3, pytest.mark.slow]
@@ -230,7 +231,7 @@ def _version_checked(record: Rec, features: np.ndarray, prefix: str, model: str)
 
 def _triton_infer_version(url: str, model: str) -> str:
     """The version Triton itself serves for a request that names none."""
-    client = InferenceServerClient(url)
+    client = sync_client(TritonSettings(grpc_url=url))
     try:
         tensor = InferInput("features", [1, IN_FEATURES], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, IN_FEATURES), np.float32))
@@ -338,7 +339,7 @@ class _Stream:
     def _run(self) -> None:
         try:
             asyncio.run(self._produce())
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+        except BaseException as exc:
             self._errors.append(exc)
 
     async def _produce(self) -> None:
@@ -499,7 +500,7 @@ def test_backend_follows_a_version_switch_and_classifies_an_unloaded_model(
             np.testing.assert_allclose(out.outputs[0]["logits"], reference(2, features), rtol=1e-4, atol=1e-5)
             assert (await pinned.run([request])).model_version == "1", "the pin goes to Triton"
             deadline = time.monotonic() + 10
-            while latest.description.versions != [1, 2] and time.monotonic() < deadline:
+            while latest.description.versions != [1, 2] and time.monotonic() < deadline:  # noqa: ASYNC110 - polls another task's result
                 await asyncio.sleep(0.05)
             assert latest.description.versions == [1, 2], "described again after the switch"
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.embedded.stack import EmbeddedStack
-from pipeline.settings import S3Settings
-from tests.helpers.kafka_io import collect, header, produce
+from tests.helpers.kafka_io import header, produce
+from tests.helpers.own_triton import OwnTriton
 from tests.helpers.streams import (
     AUDIO_STAGES,
     SEQUENCE_STAGE,
+    StreamResults,
     assert_stream_matches,
     expected,
     gather,
@@ -28,7 +28,13 @@ from tests.helpers.streams import (
     stream_records,
     utterance,
 )
-from tests.helpers.topology_process import PipelineProcess, pipeline_process, write_topology
+from tests.helpers.topology_process import (
+    PipelineProcess,
+    TopologyFiles,
+    collect_outputs,
+    pipeline_process,
+    write_topology,
+)
 from tests.helpers.vad_reference import CHUNK, CHUNK_SECONDS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
@@ -45,9 +51,40 @@ def _summaries(keys: set[str]) -> callable:  # type: ignore[valid-type]
     return done
 
 
+def _streams(prefix: str, count: int) -> dict[str, tuple[int, int]]:
+    """``count`` streams of the three utterances in turn, each cut into CHUNK-sample chunks."""
+    return {f"{prefix}-{i:02d}": (i % 3, CHUNK) for i in range(count)}
+
+
 def _run_streams(topo, bootstrap: str, streams: dict[str, tuple[int, int]], rate: float = 0.0) -> None:  # type: ignore[no-untyped-def]
     records = interleave([stream_records(key, utterance(u), size) for key, (u, size) in streams.items()])
     asyncio.run(produce(bootstrap, topo.input_topic, records, rate=rate))
+
+
+def _results(topo: TopologyFiles, bootstrap: str, streams: dict[str, tuple[int, int]], timeout: float) -> dict[str, StreamResults]:
+    """Every stream's outputs, once each has its summary; nothing may be dead-lettered."""
+    out = collect_outputs(bootstrap, topo, _summaries(set(streams)), timeout=timeout)
+    assert out.on(topo.dead_letter_topic) == []
+    return gather(out.on(topo.result_topic))
+
+
+def _one_worker(
+    stages: list[dict],  # type: ignore[type-arg]
+    partitions: int,
+    bootstrap: str,
+    env: dict[str, str],
+    tmp_path: Path,
+    streams: dict[str, tuple[int, int]],
+    timeout: float,
+) -> dict[str, StreamResults]:
+    """On a topology of ``stages``: run a worker, send the streams, collect their results,
+    and see the worker exit cleanly."""
+    topo = write_topology(tmp_path, partitions=partitions, stages=stages)
+    with pipeline_process(topo, env, tmp_path) as worker:
+        _run_streams(topo, bootstrap, streams)
+        results = _results(topo, bootstrap, streams, timeout)
+        assert worker.terminate() == 0
+    return results
 
 
 @TOPOLOGIES
@@ -55,16 +92,8 @@ def test_streaming_equals_offline_and_segments_match_speech_timing(
     stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    topo = write_topology(tmp_path, partitions=2, stages=stages)
     streams = {"u0-512": (0, CHUNK), "u1-700": (1, 700), "u2-4000": (2, 4000)}
-    with pipeline_process(topo, cli_env, tmp_path) as worker:
-        _run_streams(topo, kafka_bootstrap, streams)
-        out = asyncio.run(
-            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=_summaries(set(streams)), timeout=90)
-        )
-        assert worker.terminate() == 0
-    assert out.on(topo.dead_letter_topic) == []
-    results = gather(out.on(topo.result_topic))
+    results = _one_worker(stages, 2, kafka_bootstrap, cli_env, tmp_path, streams, timeout=90)
     for key, (u, size) in streams.items():
         want = expected(u, size)
         assert_stream_matches(results[key], want, key)
@@ -83,16 +112,8 @@ def test_fifty_concurrent_streams_on_four_partitions_complete_and_in_order(
     stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    topo = write_topology(tmp_path, partitions=4, stages=stages)
-    streams = {f"stream-{i:02d}": (i % 3, CHUNK) for i in range(50)}
-    with pipeline_process(topo, cli_env, tmp_path) as worker:
-        _run_streams(topo, kafka_bootstrap, streams)
-        out = asyncio.run(
-            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=_summaries(set(streams)), timeout=180)
-        )
-        assert worker.terminate() == 0
-    assert out.on(topo.dead_letter_topic) == []
-    results = gather(out.on(topo.result_topic))
+    streams = _streams("stream", 50)
+    results = _one_worker(stages, 4, kafka_bootstrap, cli_env, tmp_path, streams, timeout=180)
     assert set(results) == set(streams)
     for key, (u, size) in streams.items():
         assert_stream_matches(results[key], expected(u, size), key)
@@ -100,7 +121,7 @@ def test_fifty_concurrent_streams_on_four_partitions_complete_and_in_order(
 
 
 def _fault_run(  # type: ignore[no-untyped-def]
-    topo,
+    stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str,
     env: dict[str, str],
     tmp_path: Path,
@@ -108,7 +129,9 @@ def _fault_run(  # type: ignore[no-untyped-def]
     fault,
     rate: float = 600.0,
 ) -> dict:
-    """Produce the streams at a steady rate, apply ``fault(worker)`` mid-stream, collect everything."""
+    """On a 4-partition topology of ``stages``: produce the streams at a steady rate, apply
+    ``fault(worker)`` mid-stream, collect everything."""
+    topo = write_topology(tmp_path, partitions=4, stages=stages)
     worker = PipelineProcess(topo, env, tmp_path / "worker.log").start()
     producer = threading.Thread(target=_run_streams, args=(topo, kafka_bootstrap, streams, rate))
     producer.start()
@@ -119,13 +142,9 @@ def _fault_run(  # type: ignore[no-untyped-def]
     worker = fault(worker) or worker
     producer.join(timeout=120)
     try:
-        out = asyncio.run(
-            collect(kafka_bootstrap, [topo.result_topic, topo.dead_letter_topic], done=_summaries(set(streams)), timeout=180)
-        )
+        return _results(topo, kafka_bootstrap, streams, timeout=180)
     finally:
         worker.terminate()
-    assert out.on(topo.dead_letter_topic) == []
-    return gather(out.on(topo.result_topic))
 
 
 def _check_faulted(results: dict, streams: dict[str, tuple[int, int]], record_property, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -143,42 +162,29 @@ def test_worker_kill_9_mid_stream_changes_no_output(
     stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    topo = write_topology(tmp_path, partitions=4, stages=stages)
-    streams = {f"kill-{i:02d}": (i % 3, CHUNK) for i in range(12)}
+    streams = _streams("kill", 12)
 
     def crash(worker: PipelineProcess) -> PipelineProcess:
         worker.kill()  # no drain, no commit, no hand-back
-        return PipelineProcess(topo, cli_env, tmp_path / "restarted.log").start()
+        return PipelineProcess(worker.topology, cli_env, tmp_path / "restarted.log").start()
 
-    results = _fault_run(topo, kafka_bootstrap, cli_env, tmp_path, streams, crash)
+    results = _fault_run(stages, kafka_bootstrap, cli_env, tmp_path, streams, crash)
     _check_faulted(results, streams, record_property, "kill_9")
 
 
 @TOPOLOGIES
 def test_triton_restart_mid_stream_changes_no_output(
     stages: list[dict],  # type: ignore[type-arg]
-    kafka_bootstrap: str,
-    cli_env: dict[str, str],
-    s3_settings: S3Settings,
-    tmp_path: Path,
-    record_property: pytest.RecordProperty,
+    kafka_bootstrap: str, own_triton: OwnTriton, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    stack = EmbeddedStack(services=("triton",), s3=s3_settings, log_dir=tmp_path / "triton")
-    stack.start()
-    try:
-        env = dict(cli_env, PIPELINE_TRITON_GRPC_URL=str(stack.endpoints.triton.grpc_url))
-        topo = write_topology(tmp_path, partitions=4, stages=stages)
-        streams = {f"restart-{i:02d}": (i % 3, CHUNK) for i in range(12)}
+    streams = _streams("restart", 12)
 
-        def restart_triton(_worker: PipelineProcess) -> None:
-            triton = stack.processes[0]
-            triton.stop()  # every sequence's state in Triton is gone
-            time.sleep(2)
-            triton.start()
+    def restart_triton(_worker: PipelineProcess) -> None:
+        own_triton.process.stop()  # every sequence's state in Triton is gone
+        time.sleep(2)
+        own_triton.process.start()
 
-        results = _fault_run(topo, kafka_bootstrap, env, tmp_path, streams, restart_triton)
-    finally:
-        stack.stop()
+    results = _fault_run(stages, kafka_bootstrap, own_triton.env, tmp_path, streams, restart_triton)
     _check_faulted(results, streams, record_property, "triton_restart")
 
 
@@ -187,16 +193,15 @@ def test_second_worker_joining_mid_stream_moves_streams_without_loss_or_reorderi
     stages: list[dict],  # type: ignore[type-arg]
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    topo = write_topology(tmp_path, partitions=4, stages=stages)
-    streams = {f"move-{i:02d}": (i % 3, CHUNK) for i in range(16)}
+    streams = _streams("move", 16)
     second: list[PipelineProcess] = []
 
-    def scale_out(_worker: PipelineProcess) -> None:
-        second.append(PipelineProcess(topo, cli_env, tmp_path / "second.log").start())
+    def scale_out(first: PipelineProcess) -> None:
+        second.append(PipelineProcess(first.topology, cli_env, tmp_path / "second.log").start())
 
     try:
         # Slow enough that streams are still running when the second worker has joined.
-        results = _fault_run(topo, kafka_bootstrap, cli_env, tmp_path, streams, scale_out, rate=60.0)
+        results = _fault_run(stages, kafka_bootstrap, cli_env, tmp_path, streams, scale_out, rate=60.0)
         moved = second[0].metric("pipeline_results_total")
     finally:
         for worker in second:

@@ -160,7 +160,7 @@ def speech(speech_wav: bytes) -> np.ndarray:
 def assert_matches_reference(outputs: list[np.ndarray], items: list[AudioInput]) -> None:
     references = reference_batch(items, TARGET)
     assert len(outputs) == len(items)
-    for index, (out, ref, item) in enumerate(zip(outputs, references, items)):
+    for index, (out, ref, item) in enumerate(zip(outputs, references, items, strict=False)):
         assert out.dtype == np.float32 and out.ndim == 1, index
         assert len(out) == resampled_length(item.info.frames, item.info.sample_rate, TARGET)
         assert len(out) == len(ref), index
@@ -212,7 +212,7 @@ def test_44100_stereo_to_16k_mono(pre: AudioPreprocessor, speech: np.ndarray) ->
     ]
     outputs = pre.process(items)
     assert_matches_reference(outputs, items)
-    for out, item in zip(outputs, items):
+    for out, item in zip(outputs, items, strict=False):
         assert snr_in_band(out, item) > BAND_SNR_DB
 
 
@@ -226,7 +226,7 @@ def test_8k_to_16k(pre: AudioPreprocessor, speech: np.ndarray) -> None:
     ]
     outputs = pre.process(items)
     assert_matches_reference(outputs, items)
-    for out, item in zip(outputs, items):
+    for out, item in zip(outputs, items, strict=False):
         assert len(out) == 2 * item.info.frames
         assert snr_in_band(out, item) > BAND_SNR_DB
 
@@ -303,7 +303,7 @@ def test_variable_batch_sizes_and_owned_outputs(pre: AudioPreprocessor) -> None:
     assert pre.process([]) == []
     assert_matches_reference(pre.process(items), items)  # a full batch
     assert_matches_reference(pre.process(items[5:6]), items[5:6])  # then a single one
-    for a, b in zip(first, kept):  # later runs did not overwrite earlier results
+    for a, b in zip(first, kept, strict=False):  # later runs did not overwrite earlier results
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="max_batch_size"):
         pre.process(items + items[:1])
@@ -392,7 +392,7 @@ def test_gpu_path_matches_cpu_or_is_refused(pre: AudioPreprocessor, speech_wav: 
         AudioInput(pcm=(tone(0.2, 8_000) * 30_000).astype(np.int16), sample_rate=8_000),
         AudioInput(pcm=tone(0.1, 16_000), sample_rate=16_000),
     ]
-    for on_gpu, on_cpu in zip(gpu.process(items), pre.process(items)):
+    for on_gpu, on_cpu in zip(gpu.process(items), pre.process(items), strict=False):
         assert on_gpu.dtype == np.float32 and on_gpu.shape == on_cpu.shape
         assert snr_db(on_gpu, on_cpu) > 50
 
@@ -517,7 +517,7 @@ def test_wav_layouts_that_are_accepted(speech: np.ndarray) -> None:
 
 def test_limits_are_configurable() -> None:
     strict = AudioLimits(max_seconds=0.5, max_channels=1)
-    with pytest.raises(AudioError, match="at most 0.5 s"):
+    with pytest.raises(AudioError, match=r"at most 0\.5 s"):
         AudioInput(pcm=np.zeros(16_000, np.int16), sample_rate=16_000, limits=strict)
     with pytest.raises(AudioError):
         AudioInput(wav=make_wav(s16(10, 2), channels=2), limits=strict)

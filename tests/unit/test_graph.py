@@ -131,7 +131,7 @@ def test_topology_file_with_a_cycle_is_a_one_line_error_at_the_step() -> None:
 
 def test_topology_file_with_a_dangling_tensor() -> None:
     text = GRAPH_YAML.replace("input_map: {i: x, j: y}", "input_map: {i: x, j: missing}")
-    with pytest.raises(ConfigError, match="stages\\[1\\].input_map: .*'missing'"):
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.input_map: .*'missing'"):
         parse_topology(text, "g.yaml")
 
 

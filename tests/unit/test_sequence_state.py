@@ -6,14 +6,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.sequence_state import (
-    Segment,
-    SegmentTracker,
-    StreamState,
-    decode_checkpoint,
-    encode_checkpoint,
-    frame,
-)
+from pipeline.state import decode_state, encode_state
+from workers.sequence.postprocess import Segment, SegmentTracker
+from workers.sequence.state import StreamState, StreamStateCodec, frame
+
+CODEC = StreamStateCodec()
 
 
 @settings(max_examples=100, deadline=None)
@@ -72,15 +69,15 @@ def test_checkpoint_round_trip_is_exact() -> None:
         "state_out": np.random.default_rng(2).standard_normal((2, 128)).astype(np.float32),
         "context_out": np.random.default_rng(3).standard_normal(64).astype(np.float32),
     }
-    state.tracker = {"triggered": True, "start": 20, "temp_end": None}
+    state.post = {"tracker": {"triggered": True, "start": 20, "temp_end": None}, "segments": 2}
     for i in range(70):
         state.remember(i, f"chunk-{i}".encode())
-    back = decode_checkpoint(encode_checkpoint(state))
+    back = decode_state(CODEC, encode_state(CODEC, state))
     assert back.key == "stream-7" and back.next_index == 12 and back.frames_done == 30
     np.testing.assert_array_equal(back.carry, state.carry)
     for name in state.model_state:
         np.testing.assert_array_equal(back.model_state[name], state.model_state[name])
-    assert back.tracker == state.tracker
+    assert back.post == state.post
     assert back.digests == state.digests and len(back.digests) == 64
 
 
@@ -90,3 +87,17 @@ def test_duplicate_detection() -> None:
     assert state.is_exact_duplicate(3, b"payload") is True
     assert state.is_exact_duplicate(3, b"other") is False
     assert state.is_exact_duplicate(2, b"payload") is None
+
+
+def test_version_1_checkpoint_is_read_with_its_vad_fields_as_post_state() -> None:
+    """Checkpoints written before the versioned envelope still restore (no stream restarts)."""
+    v1 = (
+        b'{"v":1,"key":"s","next_index":3,"frames_done":5,"samples_in":2600,'
+        b'"carry":{"shape":[0],"f32":""},"model_state":{},'
+        b'"tracker":{"triggered":true,"start":2,"temp_end":null},"segments":1,"speech_frames":4,'
+        b'"ended":false,"digests":[[2,"ab"]]}'
+    )
+    state = decode_state(CODEC, v1)
+    assert (state.key, state.next_index, state.frames_done, state.samples_in) == ("s", 3, 5, 2600)
+    assert state.post == {"tracker": {"triggered": True, "start": 2, "temp_end": None}, "segments": 1, "speech_frames": 4}
+    assert dict(state.digests) == {2: "ab"}

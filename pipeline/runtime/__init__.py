@@ -1,0 +1,1 @@
+"""Running a topology: the stage registry, the process runner, health endpoints."""

@@ -1,0 +1,231 @@
+"""The stage registry: from a topology's stage kind to a running stage object.
+
+``STAGE_BUILDERS`` maps each ``kind`` of the topology file (``stateless``,
+``dali``, ``sequence``) to a builder; graph topologies add their joins. Each
+builder turns the validated topology configuration (pydantic) into the stage's
+own plain settings (dataclasses), so the stages never see the topology model
+and a new kind is one builder plus one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+from pipeline.errors import ConfigError
+from pipeline.failure_policy import RetryPolicy
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.settings import Endpoints
+from pipeline.topology.graph import JoinNode
+from pipeline.topology.model import (
+    DaliStageConfig,
+    RetryConfig,
+    SequenceStageConfig,
+    Stage,
+    StatelessStageConfig,
+    Topology,
+)
+from workers.base import StageIO, StreamStage
+from workers.dali import DaliAudioBackend
+from workers.join import JoinSettings, JoinStage
+from workers.routing import TensorRouting
+from workers.sequence import SequenceSettings, SequenceStage
+from workers.sequence.postprocess import VadSettings
+from workers.stateless import BatchingSettings, BatchingStage
+from workers.triton_backend import TritonModelBackend
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every builder gets besides the stage's own configuration."""
+
+    topology: Topology
+    endpoints: Endpoints
+    metrics: PipelineMetrics
+    io: StageIO
+
+
+def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
+    """A stateless stage batching into its Triton model (chains and graph steps alike)."""
+    assert isinstance(config, StatelessStageConfig)
+    return BatchingStage(
+        ctx.io,
+        TritonModelBackend(ctx.endpoints.triton, config.model, config.model_version),
+        batching_settings(config),
+        kafka=ctx.endpoints.kafka,
+        metrics=ctx.metrics,
+        warmup=config.warmup,
+        routing=routing or TensorRouting(config.input_map, config.output_map),
+    )
+
+
+def build_dali(ctx: BuildContext, config: Stage) -> StreamStage:
+    assert isinstance(config, DaliStageConfig)
+    backend = DaliAudioBackend(
+        input_tensor=config.input_tensor,
+        output_tensor=config.output_tensor,
+        target_rate=config.sample_rate,
+        device=config.device,
+        max_batch_size=config.batching.max_batch_size or 64,
+        max_chunk_seconds=config.max_chunk_seconds,
+    )
+    return BatchingStage(ctx.io, backend, batching_settings(config), kafka=ctx.endpoints.kafka, metrics=ctx.metrics)
+
+
+def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
+    assert isinstance(config, SequenceStageConfig)
+    post = config.postprocess
+    # The settings share their field names with the topology's; only these two differ in type.
+    same = {f.name: getattr(config, f.name) for f in fields(SequenceSettings) if f.name not in ("retry", "vad")}
+    settings = SequenceSettings(
+        **same,
+        retry=retry_policy(config.retry),
+        vad=None if post is None else VadSettings(**post.model_dump(exclude={"kind"})),
+    )
+    return SequenceStage(
+        ctx.io,
+        settings,
+        state_topic=ctx.topology.state_topic(config.name),
+        kafka=ctx.endpoints.kafka,
+        triton=ctx.endpoints.triton,
+        metrics=ctx.metrics,
+    )
+
+
+def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
+    to_result = node.feeds == "result"
+    outputs = ctx.topology.outputs
+    settings = JoinSettings(
+        name=node.name,
+        branches=node.branches,
+        input_topics=node.input_topics,
+        mode=node.mode,
+        window_ms=node.window_ms,
+        to_result=to_result,
+        select=tuple(outputs) if to_result and outputs is not None else None,
+    )
+    return JoinStage(
+        ctx.io,
+        settings,
+        state_topic=f"{ctx.topology.name}.{node.name}.state",
+        kafka=ctx.endpoints.kafka,
+        metrics=ctx.metrics,
+    )
+
+
+StageBuilder = Callable[[BuildContext, Stage], StreamStage]
+STAGE_BUILDERS: dict[str, StageBuilder] = {
+    "stateless": build_stateless,
+    "dali": build_dali,
+    "sequence": build_sequence,
+}
+
+
+def build_stages(
+    topology: Topology, endpoints: Endpoints, metrics: PipelineMetrics, only: Sequence[str] = ()
+) -> list[StreamStage]:
+    """One runtime stage per selected topology stage (all when ``only`` is empty),
+    and per join of a graph."""
+    if topology.is_graph:
+        return _graph_stages(topology, endpoints, metrics, only)
+    _check_selection(topology, [s.name for s in topology.stages], only)
+    stages: list[StreamStage] = []
+    for config, (input_topic, output_topic) in zip(topology.stages, topology.stage_topics(), strict=True):
+        if only and config.name not in only:
+            continue
+        builder = STAGE_BUILDERS.get(config.kind)
+        if builder is None:
+            raise ConfigError(f"stage {config.name!r}: kind {config.kind!r} is not supported by this version")
+        io = StageIO(
+            stage=config.name,
+            group_id=topology.group_id(config.name),
+            input_topic=input_topic,
+            output_topic=output_topic,
+            dead_letter_topic=topology.dead_letter_topic,
+            max_pending=(
+                config.max_pending_requests
+                if isinstance(config, SequenceStageConfig)
+                else config.batching.max_pending_requests
+            ),
+            emit_requests=output_topic != topology.result_topic,
+        )
+        stages.append(builder(BuildContext(topology, endpoints, metrics, io), config))
+    return stages
+
+
+def _graph_stages(
+    topology: Topology, endpoints: Endpoints, metrics: PipelineMetrics, only: Sequence[str]
+) -> list[StreamStage]:
+    """Steps and joins of a graph topology, wired by the compiled graph's topics."""
+    graph = topology.graph()
+    _check_selection(topology, [*graph.order, *graph.joins], only)
+    stages: list[StreamStage] = []
+    for name in graph.order:
+        if only and name not in only:
+            continue
+        node, config = graph.steps[name], topology.stage(name)
+        assert isinstance(config, StatelessStageConfig)
+        io = StageIO(
+            stage=name,
+            group_id=topology.group_id(name),
+            input_topic=node.input_topic,
+            output_topic=node.output_topic,
+            dead_letter_topic=topology.dead_letter_topic,
+            max_pending=config.batching.max_pending_requests,
+            emit_requests=not node.to_result,
+        )
+        routing = TensorRouting(
+            config.input_map,
+            config.output_map,
+            carry=True,
+            select=topology.outputs if node.to_result else None,
+        )
+        stages.append(build_stateless(BuildContext(topology, endpoints, metrics, io), config, routing))
+    for name, join in graph.joins.items():
+        if only and name not in only:
+            continue
+        io = StageIO(
+            stage=name,
+            group_id=topology.group_id(name),
+            input_topic=join.input_topics[0],
+            more_input_topics=join.input_topics[1:],
+            output_topic=join.output_topic,
+            dead_letter_topic=topology.dead_letter_topic,
+        )
+        stages.append(build_join(BuildContext(topology, endpoints, metrics, io), join))
+    return stages
+
+
+def _check_selection(topology: Topology, names: list[str], only: Sequence[str]) -> None:
+    unknown = [name for name in only if name not in names]
+    if unknown:
+        raise ConfigError(
+            f"topology {topology.name!r} has no stage {', '.join(map(repr, unknown))} (stages: {', '.join(names)})"
+        )
+
+
+def retry_policy(config: RetryConfig) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=config.max_attempts,
+        initial_backoff_s=config.initial_backoff_ms / 1000,
+        max_backoff_s=config.max_backoff_ms / 1000,
+    )
+
+
+def batching_settings(config: StatelessStageConfig | DaliStageConfig) -> BatchingSettings:
+    b = config.batching
+    common = {
+        "max_batch_size": b.max_batch_size,
+        "max_queue_delay_s": b.max_queue_delay_ms / 1000,
+        "max_inflight_batches": b.max_inflight_batches,
+        "max_request_bytes": config.max_request_bytes,
+    }
+    if isinstance(config, DaliStageConfig):
+        return BatchingSettings(**common)  # type: ignore[arg-type]
+    return BatchingSettings(
+        **common,  # type: ignore[arg-type]
+        default_deadline_ms=None if config.deadline_ms is None else int(config.deadline_ms),
+        default_priority=config.priority,
+        default_timeout_ms=None if config.timeout_ms is None else int(config.timeout_ms),
+        retry=retry_policy(config.retry),
+    )

@@ -1,0 +1,101 @@
+"""Classify a failed Triton inference call: outage, transient, or the request's fault.
+
+One classifier for every path that calls Triton (batching stages, sequence
+stages), so "is Triton down or is this request bad?" is decided once. gRPC and
+Triton use ``UNAVAILABLE`` both for "nothing answered" and for "model not
+available", so the status alone cannot tell: the message, the repository index
+and the server's readiness are consulted too.
+
+Live model management, as observed on Triton 2.51 (see workers/triton_backend.py
+for the whole reload story): while the repository index says LOADING or
+UNLOADING the failure is an *outage* (a reload in progress: wait); a model that
+has settled not loaded is *permanent* (``model-unavailable``: loading it is a
+person's decision, not a retry's); a failure whose index read already says READY
+lost that race and is *transient*.
+"""
+
+from __future__ import annotations
+
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.utils import InferenceServerException
+
+from pipeline.contract.errors import ErrorClass
+from pipeline.failure_policy import Failure, FailureKind
+
+TRANSIENT_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED")
+_OUTAGE_MARKERS = ("failed to connect", "connection refused", "socket closed", "connection reset", "connect failed")
+_PROBE_TIMEOUT_S = 2.0
+
+
+class TritonFailureClassifier:
+    """Turn an exception from ``client.infer`` for ``model`` into a :class:`Failure`."""
+
+    def __init__(self, client: triton_aio.InferenceServerClient, model: str, model_version: str = "") -> None:
+        self.client = client
+        self.model = model
+        self.model_version = model_version
+
+    async def classify(self, exc: BaseException) -> Failure:
+        if not isinstance(exc, InferenceServerException):
+            return Failure(FailureKind.PERMANENT, ErrorClass.INFERENCE_FAILED, f"{type(exc).__name__}: {exc}")
+        message = " ".join(str(exc.message() or exc).split())
+        status = str(exc.status() or "")
+        if is_connection_failure(status, message):
+            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
+        error_class = error_class_of(status, message)
+        if error_class is ErrorClass.MODEL_UNAVAILABLE:
+            states = await self.model_states()
+            if states is None or states & {"LOADING", "UNLOADING"}:
+                # Being (re)loaded or unloaded, or no index to tell: wait, as for an outage.
+                reason = f"{message} (model {self.model} is being loaded or unloaded)"
+                return Failure(FailureKind.OUTAGE, error_class, reason)
+            if "READY" in states:
+                # It became ready between the failure and the index read: try again.
+                return Failure(FailureKind.TRANSIENT, error_class, f"{message} (model {self.model} is ready again)")
+        if not await self.server_ready():
+            # Unreachable, starting or shutting down: the server's problem, not the request's.
+            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
+        if error_class is ErrorClass.MODEL_UNAVAILABLE:
+            reason = f"model {self.model!r} is not loaded on Triton: {message}"
+            return Failure(FailureKind.PERMANENT, error_class, reason)
+        kind = FailureKind.TRANSIENT if status in TRANSIENT_STATUSES else FailureKind.PERMANENT
+        return Failure(kind, error_class, message)
+
+    async def model_states(self) -> set[str] | None:
+        """The states of this model's versions (the pinned one only) in the repository
+        index; ``None`` when the index cannot be read."""
+        try:
+            index = await self.client.get_model_repository_index(client_timeout=_PROBE_TIMEOUT_S)
+        except InferenceServerException:
+            return None
+        return {
+            m.state
+            for m in index.models
+            if m.name == self.model and (not self.model_version or m.version == self.model_version)
+        }
+
+    async def server_ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=_PROBE_TIMEOUT_S))
+        except InferenceServerException:
+            return False
+
+
+def is_connection_failure(status: str, message: str) -> bool:
+    """True when gRPC says nothing answered (as opposed to Triton answering "no")."""
+    text = message.lower()
+    return status == "StatusCode.UNAVAILABLE" and any(m in text for m in _OUTAGE_MARKERS)
+
+
+def error_class_of(status: str, message: str) -> ErrorClass:
+    """The dead-letter error class a Triton error maps to."""
+    text = message.lower()
+    if "no available versions" in text or "is not ready" in text or "is not at ready state" in text:
+        return ErrorClass.MODEL_UNAVAILABLE  # known to the repository, but not loaded
+    if "unknown model" in text or "not found" in text:
+        return ErrorClass.UNKNOWN_MODEL
+    if "unavailable" in text or "not ready" in text:
+        return ErrorClass.MODEL_UNAVAILABLE
+    if status == "StatusCode.DEADLINE_EXCEEDED" or "timeout" in text:
+        return ErrorClass.DEADLINE_EXCEEDED
+    return ErrorClass.INFERENCE_FAILED

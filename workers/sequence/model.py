@@ -1,0 +1,162 @@
+"""A sequence model on Triton: one call per frame, routed by ``sequence_id``.
+
+Triton's sequence batcher keeps a stream's state between calls that carry the
+same ``sequence_id``; ``sequence_start`` / ``sequence_end`` open and close it.
+Triton's copy of that state is only an optimisation: whenever it may be gone
+(a new worker, a Triton restart, any failed call) the stream is restarted with
+START and the checkpointed state outputs handed back as the model's state
+inputs (``state_map``: state input -> the output that feeds it).
+
+Failures go through the shared policy (:func:`pipeline.failure_policy.call_with_retry`)
+with the shared Triton classifier, like a batching stage's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+
+from pipeline.errors import ConfigError
+from pipeline.failure_policy import Failure, RetryPolicy, call_with_retry
+from pipeline.settings import TritonSettings
+from pipeline.triton.admin import ModelDescription, TritonAdmin
+from pipeline.triton.client import aio_client
+from pipeline.triton.failures import TritonFailureClassifier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamHandle:
+    """What the model needs to know of one stream between calls."""
+
+    key: bytes
+    live_in_triton: bool = False  # Triton holds this stream's state right now
+
+
+class SequenceModel:
+    """Frames in, per-frame outputs out, for one Triton model with sequence batching."""
+
+    def __init__(
+        self,
+        settings: TritonSettings,
+        model: str,
+        model_version: str = "",
+        *,
+        model_input: str | None = None,
+        state_map: Mapping[str, str] | None = None,
+        max_inflight: int = 64,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.model_version = model_version
+        self.requested_input = model_input
+        self.state_map = dict(state_map or {})
+        self.retry = retry or RetryPolicy()
+        self.description: ModelDescription | None = None
+        self.model_input = ""
+        self.frame_size = 0
+        self._client: triton_aio.InferenceServerClient | None = None
+        self._classifier: TritonFailureClassifier | None = None
+        self._slots = asyncio.Semaphore(max_inflight)
+
+    async def setup(self, label: str) -> ModelDescription:
+        """Describe the model and check it can serve streams; returns its description."""
+        with TritonAdmin(self.settings) as admin:
+            await asyncio.to_thread(admin.wait_ready, 120.0)
+            d = await asyncio.to_thread(admin.describe, self.model, self.model_version)
+        if d.sequence_batching is None:
+            raise ConfigError(f"stage {label}: model {d.name!r} has no sequence_batching")
+        required = [s for s in d.inputs if not s.optional]
+        name = self.requested_input or (required[0].name if required else "")
+        spec = d.input(name)
+        if len(spec.shape) != 1 or spec.shape[0] <= 0:
+            raise ConfigError(f"stage {label}: input {name!r} must be a fixed 1-D window, is {spec.shape}")
+        for state_input, state_output in self.state_map.items():
+            d.input(state_input)
+            d.output(state_output)
+        self.description, self.model_input, self.frame_size = d, name, spec.shape[0]
+        assert self.settings.grpc_url
+        self._client = aio_client(self.settings)
+        self._classifier = TritonFailureClassifier(self._client, self.model, self.model_version)
+        return d
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def result_outputs(self) -> list[str]:
+        """Outputs reported per frame (state outputs are checkpointed, not reported)."""
+        stateful = set(self.state_map.values())
+        return [o.name for o in self.description.outputs if o.name not in stateful] if self.description else []
+
+    @property
+    def version(self) -> str:
+        d = self.description
+        return str(max(d.versions)) if d is not None and d.versions else ""
+
+    async def infer(
+        self,
+        stream: StreamHandle,
+        window: np.ndarray,
+        *,
+        resume_state: Mapping[str, np.ndarray],
+        resuming: bool,
+        end: bool,
+        on_retry: Callable[[Failure], None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """One frame. ``resume_state`` (state output name -> array) is sent as the model's
+        state inputs when Triton does not hold the stream and ``resuming`` is true
+        (the stream has frames before this one). Raises :class:`GaveUp`."""
+        assert self._client is not None and self._classifier is not None and self.description is not None
+        client, outputs = self._client, [InferRequestedOutput(o.name) for o in self.description.outputs]
+
+        async def attempt() -> dict[str, np.ndarray]:
+            start = not stream.live_in_triton
+            inputs = [_tensor(self.model_input, window)]
+            if start and resuming:
+                for state_input, state_output in self.state_map.items():
+                    inputs.append(_tensor(state_input, resume_state[state_output]))
+            try:
+                async with self._slots:
+                    response = await client.infer(
+                        self.model,
+                        inputs,
+                        model_version=self.model_version,
+                        outputs=outputs,
+                        sequence_id=sequence_id(stream.key),
+                        sequence_start=start,
+                        sequence_end=end,
+                    )
+            except BaseException:
+                stream.live_in_triton = False  # whatever happened, resume with explicit state
+                raise
+            stream.live_in_triton = not end
+            assert self.description is not None
+            return {o.name: response.as_numpy(o.name)[0] for o in self.description.outputs}
+
+        return await call_with_retry(
+            attempt, self._classifier.classify, self.retry, label=f"model {self.model}", on_retry=on_retry
+        )
+
+
+def sequence_id(key: bytes) -> int:
+    """A stable, non-zero 63-bit Triton correlation ID for a stream key."""
+    digest = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+    return (digest & ((1 << 63) - 1)) or 1
+
+
+def _tensor(name: str, array: np.ndarray) -> InferInput:
+    data = np.asarray(array, dtype=np.float32)[None, ...]
+    tensor = InferInput(name, list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    return tensor
