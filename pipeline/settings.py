@@ -35,6 +35,9 @@ class KafkaSettings(BaseSettings):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     client_id: str = "streaming-inference-pipeline"
+    dead_letter_max_bytes: int = Field(default=1 << 20, gt=0)
+    """A dead letter whose record would be larger is written as a claim check (payload in
+    the S3 store): dead-letter topics stay readable by clients with default fetch sizes."""
 
     @property
     def configured(self) -> bool:
@@ -97,6 +100,9 @@ class S3Settings(BaseSettings):
     endpoint: str | None = None  # http(s)://host:port
     bucket: str = "models"
     prefix: str = ""
+    dead_letter_bucket: str = "dead-letters"
+    """Claim-checked dead-letter payloads; a bucket of its own (created when missing), so
+    Triton never sees them in its model repository and retention can differ."""
     access_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("PIPELINE_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
     )
@@ -160,6 +166,7 @@ class Endpoints(BaseSettings):
             env["PIPELINE_S3_BUCKET"] = self.s3.bucket
             if self.s3.prefix:
                 env["PIPELINE_S3_PREFIX"] = self.s3.prefix
+            env["PIPELINE_S3_DEAD_LETTER_BUCKET"] = self.s3.dead_letter_bucket
         if self.s3.access_key:
             env["AWS_ACCESS_KEY_ID"] = self.s3.access_key.get_secret_value()
         if self.s3.secret_key:

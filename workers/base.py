@@ -14,24 +14,31 @@ import abc
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import TopicPartition
 
-from pipeline.contract.errors import ErrorClass, one_line
-from pipeline.contract.records import dead_letter_headers
-from pipeline.kafka.clients import make_consumer, make_producer
+from pipeline.contract.errors import ErrorClass
+from pipeline.deadletter.claim_check import ClaimCheckStore
+from pipeline.deadletter.oversize import OversizeOutputs
+from pipeline.kafka.clients import RecordLimits, make_consumer, make_producer
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
+from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from pipeline.state import KeyedStateStore, StateCodec, StateLimits
+from workers.dead_letters import dead_letter_record
+from workers.flow_control import FlowControl
+from workers.outcomes import StageOutcomes
 
 log = logging.getLogger(__name__)
+
+HEAVY_RECORD_BYTES = 256 * 1024
 
 S = TypeVar("S")
 
@@ -45,11 +52,23 @@ class StageIO:
     output_topic: str
     dead_letter_topic: str
     max_pending: int = 4096
+    max_pending_bytes: int = 256 * 1024 * 1024
+    """Bytes of consumed, unfinished records; above it consumption pauses (4,096 x 64 MiB
+    records must not fit in memory just because the count is under max_pending)."""
     drain_timeout_s: float = 20.0
+    """Shutdown: release, flush and commit within this; then unfinished work is abandoned
+    (left uncommitted) and the clients close (each close bounded by ``close_timeout_s``)."""
+    close_timeout_s: float = 3.0
+    stall_after_s: float = 60.0
+    """Watchdog: a partition whose oldest unfinished record is older than this is stalled."""
     emit_requests: bool = False
     """True when the output feeds another stage: outputs are encoded as its requests."""
     more_input_topics: tuple[str, ...] = ()
     """Joins read several co-partitioned topics; partition p of each goes to one worker."""
+    limits: RecordLimits = field(default_factory=RecordLimits)
+    """Record sizes the clients handle (from the topology's largest accepted request)."""
+    claim_checks: ClaimCheckStore | None = None
+    """Where dead letters over ``limits.dead_letter_max_bytes`` keep their payload (None: not kept)."""
 
     @property
     def input_topics(self) -> list[str]:
@@ -91,18 +110,18 @@ class StreamStage(abc.ABC):
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
-        self._paused = False
+        self._flow = FlowControl(
+            io.stage, metrics, max_pending=io.max_pending, max_pending_bytes=io.max_pending_bytes
+        )
         self._fatal: BaseException | None = None
-        # Labelled children looked up once: a label lookup per record costs microseconds.
-        self._requests_total = metrics.requests.labels(io.stage)
-        self._results_total = metrics.results.labels(io.stage)
-        self._end_to_end = metrics.end_to_end.labels(io.stage)
-        self._pending_gauge = metrics.pending_requests.labels(io.stage)
+        self.outcomes = StageOutcomes(io.stage, metrics)
         # Partitions whose records may be handled: assigned *and* restored. aiokafka
         # calls the rebalance listener from its coordinator task while the fetcher
         # keeps fetching, so records can arrive before restore finishes or after a
         # revocation; they wait, or are left to the partition's next owner.
         self._owned: set[TopicPartition] = set()
+        # getmany that turns undecodable records into dead-letter stand-ins instead of a crash loop.
+        self._fetch = UnreadableRecords(kafka)
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""
@@ -136,13 +155,13 @@ class StreamStage(abc.ABC):
     async def forget(self, partitions: list[TopicPartition]) -> None:
         """Partitions were handed back: drop their in-memory state."""
 
-    # ------------------------------------------------------------------ helpers for stages
-    def keyed_state(
-        self, topic: str, codec: StateCodec[S], *, ttl_s: float, max_keys: int | None
-    ) -> KeyedStateStore[S]:
-        """This stage's keyed state, checkpointed to ``topic`` (see :mod:`pipeline.state`)."""
-        return KeyedStateStore(kafka=self.kafka, topic=topic, codec=codec, limits=StateLimits(ttl_s, max_keys))
+    async def abandon(self) -> None:
+        """Shutdown, after the drain bound: stop whatever work is still running (a call
+        waiting out an outage). Its records stay uncommitted, so the next owner replays
+        them. Default: forget every owned partition (stages cancel their work there)."""
+        await self.forget(list(self._owned))
 
+    # ------------------------------------------------------------------ helpers for stages
     @property
     def outbox(self) -> Outbox:
         assert self._outbox is not None, "stage not started"
@@ -152,27 +171,31 @@ class StreamStage(abc.ABC):
         self, record: ConsumedRecord, slot: Slot[Outputs], error_class: ErrorClass | str, reason: str
     ) -> None:
         """Send the record, byte for byte, to the dead-letter topic with the reason."""
-        error = ErrorClass(error_class)
-        headers = dead_letter_headers(
-            list(record.headers or ()),
+        out = dead_letter_record(
             stage=self.io.stage,
-            error_class=error,
-            reason=one_line(reason),
-            now_ms=int(time.time() * 1000),
+            topic=self.io.dead_letter_topic,
+            key=record.key,
+            value=record.value,
+            headers=record.headers or (),
+            error_class=error_class,
+            reason=reason,
+            request_timestamp_ms=record.timestamp,
         )
-        self.outbox.complete(
-            slot,
-            OutRecord(
-                topic=self.io.dead_letter_topic,
-                key=record.key,
-                value=record.value,
-                headers=headers,
-                dead_letter=True,
-                error_class=error.value,
-                request_timestamp_ms=record.timestamp,
-            ),
-        )
-        log.info("%s: dead letter %s@%d: %s: %s", self.io.stage, record.topic, record.offset, error.value, reason)
+        self.outbox.complete(slot, out)
+        log.info("%s: dead letter %s@%d: %s: %s", self.io.stage, record.topic, record.offset, out.error_class, reason)
+
+    def oldest_unfinished(self) -> dict[TopicPartition, float]:
+        """Per partition, the age (s) of its oldest record without an acknowledged outcome."""
+        return self._outbox.oldest_unfinished() if self._outbox is not None else {}
+
+    def copartitioned_topics(self) -> list[str]:
+        """Topics whose partition ``p`` must be read together with input partition ``p``
+        (checked at start): the inputs; stateful stages add their state topic."""
+        return list(self.io.input_topics)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's end offset as last fetched (None before the first fetch)."""
+        return self._consumer.highwater(tp) if self._consumer is not None else None
 
     async def produce_all_unowned(self, records: list[OutRecord]) -> None:
         """Produce outputs no input record owns (an expiry, an idle close, a tombstone):
@@ -184,36 +207,36 @@ class StreamStage(abc.ABC):
         ]
         await asyncio.gather(*futures)
         for record in records:
-            self._acknowledged(record)
+            self.outcomes.acknowledged(record)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         await self.setup()
-        self._producer = make_producer(self.kafka)
+        self._producer = make_producer(self.kafka, limits=self.io.limits)
         await self._producer.start()
         extra: dict[str, object] = {}
         if self.io.more_input_topics:
             # Range gives a worker the same partition numbers of every topic (co-partitioning).
             extra["partition_assignment_strategy"] = (RangePartitionAssignor,)
-        self._consumer = make_consumer(self.kafka, group_id=self.io.group_id, **extra)
-        self._outbox = Outbox(self._producer, self._consumer, on_acknowledged=self._acknowledged)
+        self._consumer = make_consumer(self.kafka, group_id=self.io.group_id, limits=self.io.limits, **extra)
+        oversize = OversizeOutputs(
+            stage=self.io.stage,
+            dead_letter_topic=self.io.dead_letter_topic,
+            limits=self.io.limits,
+            store=self.io.claim_checks,
+            on_claim_check=lambda outcome: self.metrics.claim_checks.labels(self.io.stage, outcome).inc(),
+        )
+        self._outbox = Outbox(
+            self._producer, self._consumer, on_acknowledged=self.outcomes.acknowledged, oversize=oversize
+        )
         self._consumer.subscribe(self.io.input_topics, listener=_Rebalance(self))
         await self._consumer.start()
         self.ready = True
 
-    def _acknowledged(self, out: OutRecord) -> None:
-        if not out.counts_as_result:
-            return
-        if out.dead_letter:
-            self.metrics.dead_letters.labels(self.io.stage, out.error_class or "unknown").inc()
-        else:
-            self._results_total.inc()
-        if out.request_timestamp_ms:
-            latency = time.time() - out.request_timestamp_ms / 1000
-            self._end_to_end.observe(max(latency, 0.0))
-
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop``; then hand over and commit everything (bounded by drain_timeout_s)."""
+        """Consume until ``stop``; then finish, commit and close, in any state within
+        ``drain_timeout_s`` + five ``close_timeout_s`` (a Triton outage included): what is
+        not finished by then is abandoned uncommitted and replayed by the next owner."""
         if self._consumer is None:
             await self.start()
         outbox_stop = asyncio.Event()
@@ -222,10 +245,19 @@ class StreamStage(abc.ABC):
             await self._consume(stop, emitter)
         finally:
             self.ready = False
-            await self._drain()
+            try:
+                await asyncio.wait_for(self._drain(), timeout=self.io.drain_timeout_s)
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down regardless
+                log.warning("%s: drain incomplete (%r); unfinished records stay uncommitted", self.io.stage, exc)
+            await self._bounded(self.abandon(), "abandon")
             outbox_stop.set()
-            await asyncio.gather(emitter, return_exceptions=True)
+            await self._bounded(asyncio.gather(emitter, return_exceptions=True), "outbox stop")
+            if not emitter.done():
+                emitter.cancel()
             await self._close()
+
+    async def _bounded(self, work: Awaitable[object], what: str) -> None:
+        await bounded(work, self.io.close_timeout_s, f"{self.io.stage}: {what}")
 
     async def _consume(self, stop: asyncio.Event, emitter: asyncio.Task[None]) -> None:
         consumer = self._consumer
@@ -237,14 +269,10 @@ class StreamStage(abc.ABC):
             self.outbox.raise_if_failed()
             if self._fatal is not None:
                 raise self._fatal
-            room = self.io.max_pending - self.outbox.pending()
-            self._pending_gauge.set(self.outbox.pending())
-            if room <= 0:
-                self._pause(consumer)
-            elif self._paused and room >= self.io.max_pending // 2:
-                self._resume(consumer)
+            room = self._flow.update(consumer, self.outbox.pending(), self.outbox.pending_bytes())
             # Poll even while paused: it keeps the group membership alive (max.poll.interval).
-            batch = await consumer.getmany(
+            batch = await self._fetch.getmany(
+                consumer,
                 timeout_ms=int(max(self.next_tick_s(), 0.001) * 1000),
                 max_records=min(max(room, 1), 1000),
             )
@@ -255,14 +283,22 @@ class StreamStage(abc.ABC):
                     if tp not in self._owned:
                         break  # revoked while we were handling this batch
                     slot = self.outbox.track(record)
-                    self._requests_total.inc()
+                    self.outcomes.consumed()
+                    if isinstance(record, UnreadableRecord):
+                        self.metrics.unreadable_records.labels(stage, record.cause).inc()
+                        self.dead_letter(record, slot, ErrorClass.UNREADABLE_RECORD, record.reason)
+                        continue
                     try:
                         await self.handle(record, slot)
                     except Exception as exc:
                         log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
                         self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
+                    if slot.size > HEAVY_RECORD_BYTES:
+                        # Decoding ~16 MiB of JSON holds the loop ~0.5 s (json.loads keeps the GIL,
+                        # so a thread would not help): let heartbeats and the outbox run between.
+                        await asyncio.sleep(0)
                 if records:
-                    self._observe_lag(consumer, tp, records[-1].offset)
+                    self._flow.observe_lag(consumer, tp, records[-1].offset)
             await self.tick()
 
     async def _may_handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:
@@ -273,24 +309,6 @@ class StreamStage(abc.ABC):
             await asyncio.sleep(0.01)
         return True
 
-    def _observe_lag(self, consumer: AIOKafkaConsumer, tp: TopicPartition, last_offset: int) -> None:
-        """Records between what we just fetched and the partition's end (high watermark)."""
-        high = consumer.highwater(tp)
-        if high is not None:
-            lag = max(0, high - (last_offset + 1))
-            self.metrics.consumer_lag.labels(self.io.stage, tp.topic, str(tp.partition)).set(lag)
-
-    def _pause(self, consumer: AIOKafkaConsumer) -> None:
-        if not self._paused:
-            consumer.pause(*consumer.assignment())
-            self._paused = True
-            self.metrics.paused.labels(self.io.stage).set(1)
-
-    def _resume(self, consumer: AIOKafkaConsumer) -> None:
-        consumer.resume(*consumer.assignment())
-        self._paused = False
-        self.metrics.paused.labels(self.io.stage).set(0)
-
     async def hand_back(self, partitions: list[TopicPartition]) -> None:
         """Rebalance: finish what we hold for ``partitions``, commit it, let them go."""
         if self._outbox is None or not partitions:
@@ -299,19 +317,35 @@ class StreamStage(abc.ABC):
         await self.outbox.flush(self.io.drain_timeout_s)
         await self.outbox.commit(partitions)
         dropped = sum(self.outbox.forget(tp) for tp in partitions)
+        self._fetch.forget(partitions)
         await self.forget(partitions)
         log.info("%s: handed back %s (%d unfinished, replayed by next owner)", self.io.stage, partitions, dropped)
 
     async def _drain(self) -> None:
+        """Release (at most two thirds of the bound, so flush and commit keep some), flush, commit."""
         if self._outbox is None:
             return
-        await self.release(None)
-        await self.outbox.flush(self.io.drain_timeout_s)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self.release(None), timeout=self.io.drain_timeout_s * 2 / 3)
+        except asyncio.TimeoutError:
+            log.warning("%s: work still running after %.1fs of drain", self.io.stage, self.io.drain_timeout_s * 2 / 3)
+        left = self.io.drain_timeout_s - (time.monotonic() - started)
+        await self.outbox.flush(max(left, 0.0))
         await self.outbox.commit()
 
     async def _close(self) -> None:
+        """Close consumer, producer and backend, each within ``close_timeout_s``."""
         if self._consumer is not None:
-            await self._consumer.stop()
+            await self._bounded(self._consumer.stop(), "consumer close")
         if self._producer is not None:
-            await self._producer.stop()
-        await self.teardown()
+            await self._bounded(self._producer.stop(), "producer close")
+        await self._bounded(self.teardown(), "teardown")
+
+
+async def bounded(work: Awaitable[object], timeout_s: float, what: str) -> None:
+    """Await one shutdown step for at most ``timeout_s``; log and go on otherwise."""
+    try:
+        await asyncio.wait_for(work, timeout=timeout_s)
+    except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down regardless
+        log.warning("%s did not finish in %.1fs (%r)", what, timeout_s, exc)

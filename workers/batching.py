@@ -4,7 +4,8 @@ A group is keyed by everything that must be equal inside one Triton call
 (model, version, tensor names, dtypes and per-row shapes, requested outputs,
 priority, timeout). Requests of different shapes therefore never share a
 batch and no padding is ever added. A group is released when it holds
-``max_rows`` rows or its oldest request has waited ``max_delay_s``.
+``max_rows`` rows (or ``max_bytes`` of payload: 64 rows of 16 MiB must not become one
+1 GiB gRPC call) or its oldest request has waited ``max_delay_s``.
 
 No I/O here: the stage decides what to do with a released batch.
 """
@@ -24,34 +25,41 @@ class Batch(Generic[T]):
     key: Hashable
     items: list[T] = field(default_factory=list)
     rows: int = 0
+    size: int = 0  # payload bytes
     opened_at: float = field(default_factory=time.monotonic)
 
 
 class DynamicBatcher(Generic[T]):
     """Open groups by key; :meth:`add` and :meth:`due` return the batches to send now."""
 
-    def __init__(self, max_rows: int, max_delay_s: float) -> None:
+    def __init__(self, max_rows: int, max_delay_s: float, max_bytes: int | None = None) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
+        self.max_bytes = max_bytes
         self._open: dict[Hashable, Batch[T]] = {}
 
-    def add(self, key: Hashable, item: T, rows: int, now: float | None = None) -> list[Batch[T]]:
-        """Add ``item`` (``rows`` rows); returns batches released by this addition."""
+    def add(self, key: Hashable, item: T, rows: int, now: float | None = None, size: int = 0) -> list[Batch[T]]:
+        """Add ``item`` (``rows`` rows, ``size`` bytes); returns batches released by this addition.
+        An item larger than ``max_bytes`` on its own still goes, alone."""
         now = time.monotonic() if now is None else now
         released: list[Batch[T]] = []
         group = self._open.get(key)
-        if group is not None and group.rows + rows > self.max_rows:
+        if group is not None and (group.rows + rows > self.max_rows or self._over(group.size + size)):
             released.append(self._open.pop(key))
             group = None
         if group is None:
             group = self._open[key] = Batch(key=key, opened_at=now)
         group.items.append(item)
         group.rows += rows
-        if group.rows >= self.max_rows:
+        group.size += size
+        if group.rows >= self.max_rows or self._over(group.size):
             released.append(self._open.pop(key))
         return released
+
+    def _over(self, size: int) -> bool:
+        return self.max_bytes is not None and size > self.max_bytes
 
     def due(self, now: float | None = None) -> list[Batch[T]]:
         """Groups whose oldest request has waited ``max_delay_s``."""

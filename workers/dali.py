@@ -10,15 +10,25 @@ A chunk is either a WAV file (a BYTES tensor holding the file) or raw PCM (an
 INT16 or FP32 tensor, ``[samples]``, ``[1, samples]`` or ``[samples, channels]``)
 with a ``sample_rate`` request parameter. Bad audio is refused in :meth:`check`,
 before it can fail a batch; it goes to the dead-letter topic with the reason.
+
+Run timeout (``run_timeout_s``): DALI offers no way to interrupt a run, so a run
+past its bound is *abandoned*: its thread is a daemon (it can never hold up the
+process's exit) and keeps whatever it is stuck in, while a fresh thread with a
+fresh pipeline serves every later run. The timed-out batch fails like any DALI
+error on valid input (permanent: the batch is split to find the chunk that
+causes it, which is then dead-lettered as ``inference-failed``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
-from collections.abc import Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal
+import queue
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -34,6 +44,40 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE_PARAMETER = "sample_rate"
+R = TypeVar("R")
+
+
+class DaliRunTimeout(Exception):
+    """A DALI run did not finish within ``run_timeout_s`` (its thread was abandoned)."""
+
+
+class _DaliThread:
+    """One daemon thread running submitted calls in order (the DALI pipeline is built and
+    used on it). Daemon, unlike a ``ThreadPoolExecutor``'s workers, which the interpreter
+    joins at exit: a run stuck forever must not turn SIGTERM into a hang."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None]
+        self._calls = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="dali", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (job := self._calls.get()) is not None:
+            call, future = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                    future.set_exception(exc)
+
+    def submit(self, call: Callable[[], R]) -> asyncio.Future[R]:
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        self._calls.put((call, future))
+        return asyncio.wrap_future(future)
+
+    def stop(self) -> None:
+        """Let the thread end after the call it runs (if it ever returns)."""
+        self._calls.put(None)
 
 
 class DaliAudioBackend:
@@ -50,6 +94,7 @@ class DaliAudioBackend:
         device: Literal["auto", "cpu", "gpu"] = "auto",
         max_batch_size: int = 64,
         max_chunk_seconds: float = 10.0,
+        run_timeout_s: float = 30.0,
     ) -> None:
         self.input_tensor = input_tensor
         self.output_tensor = output_tensor
@@ -58,26 +103,28 @@ class DaliAudioBackend:
         self.max_batch_size = max_batch_size
         self.limits = AudioLimits(max_seconds=max_chunk_seconds)
         self.device: str | None = None  # known after setup()
+        self.run_timeout_s = run_timeout_s
         self._preprocessor: AudioPreprocessor | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dali")
+        self._thread = _DaliThread()
+        self._one_run = asyncio.Lock()  # runs are serial; waiting for the lock is not run time
+        self.abandoned_runs = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self) -> int:
-        from pipeline.audio.dali_preprocess import AudioPreprocessor
-
-        loop = asyncio.get_running_loop()
-        self._preprocessor = await loop.run_in_executor(
-            self._thread,
-            lambda: AudioPreprocessor(
-                target_rate=self.target_rate, device=self.requested_device, max_batch_size=self.max_batch_size
-            ),
-        )
+        self._preprocessor = await self._thread.submit(self._build)
         self.device = self._preprocessor.device
         log.info("DALI audio preprocessing on the %s (batches up to %d)", self._preprocessor.device.upper(), self.max_batch_size)
         return self.max_batch_size
 
+    def _build(self) -> AudioPreprocessor:
+        from pipeline.audio.dali_preprocess import AudioPreprocessor
+
+        return AudioPreprocessor(
+            target_rate=self.target_rate, device=self.requested_device, max_batch_size=self.max_batch_size
+        )
+
     async def close(self) -> None:
-        self._thread.shutdown(wait=True, cancel_futures=True)
+        self._thread.stop()
 
     async def warmup(self) -> None:
         silence = AudioInput(pcm=np.zeros(self.target_rate // 100, np.float32), sample_rate=self.target_rate)
@@ -109,13 +156,30 @@ class DaliAudioBackend:
         return "audio"  # DALI takes chunks of any length and rate in one run
 
     async def run(self, requests: Sequence[InferenceRequest], prepared: Sequence[object]) -> BatchOutput:
-        assert self._preprocessor is not None
         inputs = [p for p in prepared if isinstance(p, AudioInput)]
-        loop = asyncio.get_running_loop()
-        samples = await loop.run_in_executor(self._thread, self._preprocessor.process, inputs)
+        async with self._one_run:
+            try:
+                preprocessor = self._preprocessor
+                if preprocessor is None:  # the previous thread was abandoned
+                    preprocessor = await asyncio.wait_for(self._thread.submit(self._build), self.run_timeout_s)
+                    self._preprocessor = preprocessor
+                samples = await asyncio.wait_for(
+                    self._thread.submit(functools.partial(preprocessor.process, inputs)), timeout=self.run_timeout_s
+                )
+            except asyncio.TimeoutError:
+                self._abandon_thread()
+                raise DaliRunTimeout(f"DALI run of {len(inputs)} chunks took over {self.run_timeout_s:g}s") from None
         return BatchOutput(
             [{self.output_tensor: s[None, :]} for s in samples], model_name="dali", model_version=self.device or ""
         )
+
+    def _abandon_thread(self) -> None:
+        """Leave the stuck thread (and its pipeline) behind; the next run builds a fresh pair."""
+        self.abandoned_runs += 1
+        log.error("DALI run exceeded %.1fs; abandoning its thread (%d so far)", self.run_timeout_s, self.abandoned_runs)
+        self._thread.stop()
+        self._thread = _DaliThread()
+        self._preprocessor = None
 
     async def classify(self, exc: BaseException) -> Failure:
         if isinstance(exc, BadRequest):  # AudioError is a BadRequest

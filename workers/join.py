@@ -26,6 +26,7 @@ Modes (``JoinNode.mode``):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ from typing import Any
 import numpy as np
 from aiokafka.structs import TopicPartition
 
-from pipeline.contract.errors import BadRequest, ErrorClass, one_line
-from pipeline.contract.records import dead_letter_headers, result_headers
+from pipeline.contract.errors import BadRequest, ErrorClass
+from pipeline.contract.records import result_headers
 from pipeline.contract.request import InferenceRequest, decode_request, forward_request
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
@@ -45,7 +46,10 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, unpack_bytes
-from workers.base import StageIO, StreamStage
+from workers.base import StageIO
+from workers.dead_letters import dead_letter_record
+from workers.event_time import EventTimeClock
+from workers.stateful import StatefulStage
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,15 @@ class JoinState:
     branches: dict[str, bytes] = field(default_factory=dict)  # branch -> message value
     headers: list[tuple[str, bytes]] = field(default_factory=list)  # of the first arrival
     done: bool = False
+    branch_headers: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
+    """Each branch record's own headers (its dead letter keeps them byte for byte)."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Digest of each branch value that arrived: kept after the join is done, so a late
+    replay (dropped, counted) is told from a reused correlation ID (dead-lettered)."""
+
+
+def _digest(value: bytes) -> str:
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
 class JoinStateCodec:
@@ -73,6 +86,8 @@ class JoinStateCodec:
             "done": state.done,
             "branches": {b: pack_bytes(v) for b, v in state.branches.items()},
             "headers": [[k, pack_bytes(v)] for k, v in state.headers],
+            "branch_headers": {b: [[k, pack_bytes(v)] for k, v in hs] for b, hs in state.branch_headers.items()},
+            "digests": state.digests,
         }
 
     def from_dict(self, data: dict[str, Any], version: int) -> JoinState:
@@ -82,6 +97,10 @@ class JoinStateCodec:
             done=bool(data["done"]),
             branches={str(b): unpack_bytes(v) for b, v in data["branches"].items()},
             headers=[(str(k), unpack_bytes(v)) for k, v in data["headers"]],
+            branch_headers={
+                str(b): [(str(k), unpack_bytes(v)) for k, v in hs] for b, hs in data.get("branch_headers", {}).items()
+            },
+            digests={str(b): str(d) for b, d in data.get("digests", {}).items()},
         )
 
 
@@ -102,7 +121,7 @@ class JoinSettings:
     select: tuple[str, ...] | None = None
 
 
-class JoinStage(StreamStage):
+class JoinStage(StatefulStage):
     """Fan-in of a graph topology (see the module docstring)."""
 
     def __init__(
@@ -121,29 +140,20 @@ class JoinStage(StreamStage):
         self.states = self.keyed_state(
             state_topic, JoinStateCodec(), ttl_s=self.retention_s, max_keys=settings.max_open
         )
-        # Event time per input partition: the timestamp of the last record handled.
-        self._event_time: dict[TopicPartition, int] = {}
-        self._last_offset: dict[TopicPartition, int] = {}
-        self._assigned_at: dict[TopicPartition, int] = {}
+        self.clock = EventTimeClock(self.highwater, grace_ms=settings.window_ms)
         self._last_sweep = 0.0
 
     # ------------------------------------------------------------------ state
     async def restore(self, partitions: list[TopicPartition]) -> None:
-        assigned_ms = int(time.time() * 1000)
-        for tp in partitions:
-            self._assigned_at[tp] = assigned_ms
+        self.clock.assigned(partitions)
         # Several input topics share partition numbers: the store restores each number once.
-        report = await self.states.restore(tp.partition for tp in partitions)
-        for _ in report.corrupt:
-            self.metrics.state_corrupt.labels(self.io.stage).inc()
+        report = await self.restore_states(partitions)
         log.info("%s: restored %d pending joins for partitions %s", self.io.stage, report.restored, report.partitions)
 
     async def forget(self, partitions: list[TopicPartition]) -> None:
         numbers = {tp.partition for tp in partitions}
         self.states.forget(numbers)
-        for table in (self._event_time, self._last_offset, self._assigned_at):
-            for tp in [tp for tp in table if tp.partition in numbers]:
-                del table[tp]
+        self.clock.forget(numbers)
 
     # ------------------------------------------------------------------ arrivals
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
@@ -152,18 +162,19 @@ class JoinStage(StreamStage):
         if not key:
             self.dead_letter(record, slot, ErrorClass.MISSING_CORRELATION_ID, "a join needs the correlation ID as key")
             return
-        tp = TopicPartition(record.topic, record.partition)
-        self._event_time[tp] = record.timestamp
-        self._last_offset[tp] = record.offset
+        stamp = self.clock.observe(record)
         state = self.states.get(key)
         if state is None:
             await self.produce_all_unowned([out for e in self.states.make_room(key) for out in self._evict(e)])
             # The window runs in event time, from the first branch's record timestamp.
-            state = JoinState(first_ms=record.timestamp, headers=list(record.headers or ()))
-        if state.done or branch in state.branches:
-            self.outbox.complete(slot, ())  # late, or a replay of what is already joined
+            state = JoinState(first_ms=stamp, headers=list(record.headers or ()))
+        value = record.value or b""
+        if branch in state.digests or state.done:
+            self._repeated(record, slot, state, branch, value)
             return
-        state.branches[branch] = record.value or b""
+        state.branches[branch] = value
+        state.branch_headers[branch] = list(record.headers or ())
+        state.digests[branch] = _digest(value)
         complete = len(state.branches) == len(self.node.branches)
         if self.node.mode == "any" or complete:
             status = None if complete else "first"  # any-join: this branch won
@@ -178,11 +189,29 @@ class JoinStage(StreamStage):
         else:
             self.outbox.complete(slot, (self.states.put(key, state, record.partition),))
 
+    def _repeated(self, record: ConsumedRecord, slot: Slot[Outputs], state: JoinState, branch: str, value: bytes) -> None:
+        """A branch record for a join that already has it, or is done. The same bytes again
+        are a replay (dropped, counted); other bytes mean the correlation ID was reused."""
+        known = state.digests.get(branch)
+        if known == _digest(value):
+            self.metrics.records_dropped.labels(self.io.stage, "join-duplicate").inc()
+            self.outbox.complete(slot, ())
+        elif known is None and self.node.mode == "any":
+            self.metrics.records_dropped.labels(self.io.stage, "join-any-lost-race").inc()
+            self.outbox.complete(slot, ())  # any-join: another branch already won
+        elif known is None:
+            # The join ended (window closed) before this branch arrived.
+            self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, f"branch {branch} arrived after its join ended")
+        else:
+            reason = f"correlation id already joined with a different {branch} message"
+            self.dead_letter(record, slot, ErrorClass.CONFLICTING_CORRELATION_ID, reason)
+
     def _retire(self, key: bytes, state: JoinState, partition: int) -> OutRecord:
         """The join is done: keep a small marker (no payloads) so late arrivals are dropped;
         it is deleted when its retention runs out. Returns the marker's checkpoint."""
         state.done = True
         state.branches = {}
+        state.branch_headers = {}
         return self.states.put(key, state, partition, ttl_s=self.retention_s)
 
     def _merged(self, key: bytes, state: JoinState, *, status: str | None = None) -> OutRecord:
@@ -234,29 +263,9 @@ class JoinStage(StreamStage):
         return 0.05
 
     def _watermark(self, partition: int) -> int:
-        """Event time every branch of ``partition`` has reached.
-
-        A branch partition with nothing left to read is at "now": nothing older
-        can still arrive from it. One with a backlog is at its last handled
-        record's timestamp, so a join does not expire merely because this worker
-        reads one branch ahead of the other. Right after an assignment, a branch
-        partition nothing was read from yet counts as behind for one window.
-        """
-        now_ms = int(time.time() * 1000)
-        marks = []
-        for topic in self.node.input_topics:
-            tp = TopicPartition(topic, partition)
-            behind = self._backlog(tp, now_ms)
-            marks.append(now_ms if not behind else self._event_time.get(tp, 0))
-        return min(marks)
-
-    def _backlog(self, tp: TopicPartition, now_ms: int) -> bool:
-        consumer = self._consumer
-        high = consumer.highwater(tp) if consumer is not None else None
-        last = self._last_offset.get(tp)
-        if last is None:
-            return now_ms - self._assigned_at.get(tp, 0) < self.node.window_ms
-        return high is not None and high > last + 1
+        """Event time every branch of ``partition`` has reached: a join does not expire
+        merely because this worker reads one branch ahead of the other."""
+        return self.clock.watermark(TopicPartition(topic, partition) for topic in self.node.input_topics)
 
     async def tick(self) -> None:
         now = time.monotonic()
@@ -290,22 +299,20 @@ class JoinStage(StreamStage):
         key, state = entry.key, entry.state
         missing = [b for b in self.node.branches if b not in state.branches]
         if self.node.mode == "outer":
-            out = self._merged(key, state, status="partial")
-        else:
-            branch, value = next(iter(state.branches.items()))
-            reason = f"join window of {self.node.window_ms:.0f} ms expired; missing {', '.join(missing)} (have {branch})"
-            out = OutRecord(
-                topic=self.io.dead_letter_topic,
-                key=key,
-                value=value,
-                headers=dead_letter_headers(
-                    state.headers,
+            out = [self._merged(key, state, status="partial")]
+        else:  # inner: every branch record that arrived is dead-lettered, none vanishes
+            have = ", ".join(state.branches)
+            reason = f"join window of {self.node.window_ms:.0f} ms expired; missing {', '.join(missing)} (have {have})"
+            out = [
+                dead_letter_record(
                     stage=self.io.stage,
+                    topic=self.io.dead_letter_topic,
+                    key=key,
+                    value=value,
+                    headers=state.branch_headers.get(branch, state.headers),
                     error_class=ErrorClass.DEADLINE_EXCEEDED,
-                    reason=one_line(reason),
-                    now_ms=int(time.time() * 1000),
-                ),
-                dead_letter=True,
-                error_class=ErrorClass.DEADLINE_EXCEEDED.value,
-            )
-        return [out, self._retire(key, state, entry.partition)]
+                    reason=reason,
+                )
+                for branch, value in state.branches.items()
+            ]
+        return [*out, self._retire(key, state, entry.partition)]

@@ -33,7 +33,7 @@ from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.records import result_headers
 from pipeline.contract.request import InferenceRequest, decode_request, forward_request
 from pipeline.contract.response import encode_response
-from pipeline.failure_policy import Failure, FailureKind, GaveUp, RetryPolicy, call_with_retry
+from pipeline.failure_policy import FailureKind, GaveUp, RetryPolicy, call_with_retry
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
@@ -57,6 +57,7 @@ class BatchingSettings:
     default_timeout_ms: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_request_bytes: int = 16 * 1024 * 1024
+    max_batch_bytes: int | None = 64 * 1024 * 1024
 
 
 @dataclass(eq=False)
@@ -102,7 +103,7 @@ class BatchingStage(StreamStage):
                 ErrorClass.BATCH_TOO_LARGE,
                 f"stage {self.io.stage}: max_batch_size {max_rows} exceeds {self.backend.name}'s {limit}",
             )
-        self._batcher = DynamicBatcher(max_rows, self.settings.max_queue_delay_s)
+        self._batcher = DynamicBatcher(max_rows, self.settings.max_queue_delay_s, self.settings.max_batch_bytes)
         device = self.backend.device
         if device:
             self.metrics.device.labels(self.io.stage, device).set(1)
@@ -141,7 +142,8 @@ class BatchingStage(StreamStage):
             return
         rows = self.backend.rows(request)
         pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic())
-        for batch in self._batcher.add(self.backend.batch_key(request), pending, rows):
+        size = len(record.value or b"")
+        for batch in self._batcher.add(self.backend.batch_key(request), pending, rows, size=size):
             self._dispatch(batch)
 
     def _with_defaults(self, request: InferenceRequest, record: ConsumedRecord) -> InferenceRequest:
@@ -176,6 +178,14 @@ class BatchingStage(StreamStage):
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.io.drain_timeout_s)
 
+    async def abandon(self) -> None:
+        """Shutdown past the drain bound: cancel the batches still running (waiting out an
+        outage, say). Their slots stay open, so their records are never committed here."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.io.close_timeout_s)
+
     def _dispatch(self, batch: Batch[_Pending]) -> None:
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
@@ -209,12 +219,15 @@ class BatchingStage(StreamStage):
                 self.backend.classify,
                 self.settings.retry,
                 label=f"{self.io.stage}: {self.backend.name}",
-                on_retry=self._count_retry,
+                on_retry=self.outcomes.retried,
             )
         except GaveUp as gave_up:
             if gave_up.failure.kind is FailureKind.PERMANENT and len(live) > 1:
-                # Find the culprit: each request alone (the others may well succeed).
-                await asyncio.gather(*(self._serve([item]) for item in live))
+                # Find the culprit: each request alone (the others may well succeed), one
+                # after another inside this batch's in-flight slot, so a split never
+                # exceeds max_inflight_batches calls.
+                for item in live:
+                    await self._serve([item])
             else:
                 for item in live:
                     self._fail(item, gave_up.failure.error_class, gave_up.failure.reason)
@@ -222,9 +235,6 @@ class BatchingStage(StreamStage):
         if output is not None:
             for item, outputs in zip(live, output.outputs, strict=True):
                 self._succeed(item, outputs, output.model_name, output.model_version)
-
-    def _count_retry(self, failure: Failure) -> None:
-        self.metrics.triton_retries.labels(self.io.stage).inc()
 
     async def _call(self, items: list[_Pending]) -> BatchOutput:
         now = time.monotonic()

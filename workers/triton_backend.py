@@ -58,10 +58,13 @@ log = logging.getLogger(__name__)
 class TritonModelBackend:
     """Serve batches with one Triton model over gRPC (``tritonclient.grpc.aio``)."""
 
-    def __init__(self, settings: TritonSettings, model: str, model_version: str = "") -> None:
+    def __init__(
+        self, settings: TritonSettings, model: str, model_version: str = "", *, call_timeout_s: float = 30.0
+    ) -> None:
         self.settings = settings
         self.model = model
         self.model_version = model_version
+        self.call_timeout_s = call_timeout_s
         self.name = model
         self.device: str | None = None
         self.description: ModelDescription | None = None
@@ -79,7 +82,9 @@ class TritonModelBackend:
             self.description = await asyncio.to_thread(admin.describe, self.model, self.model_version)
         assert self.settings.grpc_url
         self._client = aio_client(self.settings)
-        self._classifier = TritonFailureClassifier(self._client, self.model, self.model_version)
+        self._classifier = TritonFailureClassifier(
+            self._client, self.model, self.model_version, probe_timeout_s=min(2.0, self.call_timeout_s)
+        )
         return self.description.max_batch_size
 
     async def close(self) -> None:
@@ -100,7 +105,9 @@ class TritonModelBackend:
             tensor = InferInput(spec.name, shape, spec.datatype)
             tensor.set_data_from_numpy(np.zeros(shape, dtype=triton_to_np_dtype(spec.datatype)))
             inputs.append(tensor)
-        await self._client.infer(self.model, inputs, model_version=self.model_version)
+        await self._client.infer(
+            self.model, inputs, model_version=self.model_version, client_timeout=self.call_timeout_s
+        )
 
     # ------------------------------------------------------------------ requests
     def check(self, request: InferenceRequest) -> None:
@@ -153,12 +160,17 @@ class TritonModelBackend:
             outputs=[InferRequestedOutput(name) for name in names],
             priority=first.priority or 0,
             timeout=first.timeout_us,
-            client_timeout=_client_timeout(first),
+            client_timeout=call_timeout(requests, self.call_timeout_s),
         )
         result = response.get_response()
         if not first.model_version:
             self._observe_version(result.model_version, sent)
         arrays: dict[str, np.ndarray] = {name: response.as_numpy(name) for name in names}
+        sent_rows = sum(self.rows(request) for request in requests)
+        for name, array in arrays.items():
+            if array is None or (description.batching and (array.ndim == 0 or array.shape[0] != sent_rows)):
+                shape = None if array is None else list(array.shape)
+                raise OutputMismatch(f"model {self.model} returned {name} {shape} for {sent_rows} rows sent")
         outputs: list[dict[str, np.ndarray]] = []
         offset = 0
         for request in requests:
@@ -214,7 +226,17 @@ class TritonModelBackend:
         return await self._classifier.classify(exc)
 
 
-def _client_timeout(request: InferenceRequest) -> float | None:
-    if request.deadline_ms is None:
-        return None
-    return max(0.001, request.deadline_ms / 1000 - time.time())
+class OutputMismatch(Exception):
+    """Triton answered, but not with one output row per row sent: the model's fault.
+    Classified permanent, so the batch is split and each request gets its own answer."""
+
+
+def call_timeout(requests: Sequence[InferenceRequest], limit_s: float) -> float:
+    """The gRPC deadline of one call: the stage's ``call_timeout_s``, or the earliest request
+    deadline in the batch when that comes first. Never unbounded: a hung Triton (stopped,
+    deadlocked) must surface as DEADLINE_EXCEEDED, which the classifier then calls an outage
+    when the server does not answer its readiness probe either."""
+    deadlines = [r.deadline_ms for r in requests if r.deadline_ms is not None]
+    if not deadlines:
+        return limit_s
+    return max(0.001, min(limit_s, min(deadlines) / 1000 - time.time()))

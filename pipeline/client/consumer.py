@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
@@ -78,7 +79,7 @@ async def consume(
     stop: asyncio.Event | None = None,
 ) -> ConsumeResult:
     """Consume ``topics``, calling ``on_record`` with each classified record in partition order."""
-    overrides = {"session_timeout_ms": int(GROUP_SESSION_TIMEOUT_S * 1000)} if options.group else {}
+    overrides: dict[str, Any] = {"session_timeout_ms": int(GROUP_SESSION_TIMEOUT_S * 1000)} if options.group else {}
     consumer = make_consumer(
         settings,
         group_id=options.group,

@@ -76,12 +76,8 @@ def classify(record: ConsumedRecord) -> Consumed:
     """Decode ``record`` as whatever it is; never raises for bad record contents."""
     headers = [(name, bytes(value)) for name, value in record.headers or () if value is not None]
     base = Consumed(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
+        **{name: getattr(record, name) for name in ("topic", "partition", "offset", "key", "value")},
         timestamp_ms=record.timestamp,
-        key=record.key,
-        value=record.value,
         headers=headers,
         kind=Kind.UNDECODABLE,
         correlation_id=_lenient_header(headers, h.CORRELATION_ID) or None,
@@ -106,12 +102,10 @@ def classify(record: ConsumedRecord) -> Consumed:
             continue
         return replace(
             base,
+            **message.shared_fields(),
             kind=kind,
             correlation_id=message.correlation_id,
-            model_name=message.model_name,
-            model_version=message.model_version,
             tensors=tensors,
-            datatypes=message.datatypes,
             part=part,
         )
     return replace(base, problem=str(first_error))

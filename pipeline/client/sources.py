@@ -27,7 +27,7 @@ import json
 import math
 import secrets
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -285,15 +285,9 @@ def _template_from_json(path: Path, line: int, body: Any) -> RequestTemplate:
         request = decode_request(value, record_headers)
     except BadRequest as exc:
         raise ConfigError(f"{path}:{line}: not a valid OIP request: {exc}") from None
-    return RequestTemplate(
-        inputs=request.inputs,
-        datatypes=request.datatypes,
-        model_name=request.model_name,
-        model_version=request.model_version,
-        requested_outputs=request.requested_outputs,
-        parameters=_all_parameters(request),
-        own_id=body.get("id") or None,
-    )
+    # The template shares its field names with the request; only these two are its own.
+    same = {f.name: getattr(request, f.name) for f in fields(RequestTemplate) if f.name not in ("parameters", "own_id")}
+    return RequestTemplate(**same, parameters=_all_parameters(request), own_id=body.get("id") or None)
 
 
 def _all_parameters(request: InferenceRequest) -> dict[str, ParamValue]:

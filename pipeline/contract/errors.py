@@ -34,6 +34,7 @@ class ErrorClass(TextEnum):
     BAD_HEADER = "bad-header"
     MISSING_CORRELATION_ID = "missing-correlation-id"
     CONFLICTING_CORRELATION_ID = "conflicting-correlation-id"
+    UNREADABLE_RECORD = "unreadable-record"  # the consumer cannot decode it (bad header key, CRC)
     # The tensors, alone or against the model's configuration.
     UNKNOWN_MODEL = "unknown-model"
     MODEL_VERSION_MISMATCH = "model-version-mismatch"
@@ -50,6 +51,10 @@ class ErrorClass(TextEnum):
     INFERENCE_FAILED = "inference-failed"
     MODEL_UNAVAILABLE = "model-unavailable"
     UNENCODABLE_OUTPUT = "unencodable-output"
+    RESULT_TOO_LARGE = "result-too-large"
+    """A result larger than the producer's record limit: dead-lettered with a claim check."""
+    # Keeping state.
+    CORRUPT_STATE = "corrupt-state"
 
 
 def one_line(text: str, limit: int = MAX_REASON_CHARS) -> str:

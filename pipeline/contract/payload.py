@@ -8,7 +8,7 @@ parameters, header overrides) are written once, in :mod:`request`.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -33,14 +33,25 @@ MAX_NAME_CHARS = 256
 
 
 @dataclass(frozen=True, eq=False)
-class Payload:
+class ModelBody:
+    """What a body, a decoded request and a decoded result all say besides their tensors:
+    the model, its version and the tensors' datatypes."""
+
+    model_name: str
+    model_version: str
+    datatypes: dict[str, str]
+
+    def shared_fields(self) -> dict[str, Any]:
+        """These fields by name, to build another body about the same model and tensors."""
+        return {f.name: getattr(self, f.name) for f in fields(ModelBody)}
+
+
+@dataclass(frozen=True, eq=False)
+class Payload(ModelBody):
     """A decoded body: the ``id``, model, tensors (insertion-ordered) and parameters."""
 
     id: str
-    model_name: str
-    model_version: str
     tensors: dict[str, np.ndarray]
-    datatypes: dict[str, str]
     requested_outputs: tuple[str, ...] = ()
     parameters: dict[str, ParamValue] = field(default_factory=dict)
 

@@ -97,6 +97,19 @@ def dead_letter_headers(
     )
 
 
+#: Where an unreadable record sits (its dead letter carries no trustworthy original headers).
+SOURCE_TOPIC = "source-topic"
+SOURCE_PARTITION = "source-partition"
+SOURCE_OFFSET = "source-offset"
+
+
+def source_position_headers(topic: str, partition: int, offset: int) -> h.Headers:
+    """``source-topic/-partition/-offset``: a dead letter found by position, not by content."""
+    return h.encode_headers(
+        [(SOURCE_TOPIC, topic), (SOURCE_PARTITION, str(partition)), (SOURCE_OFFSET, str(offset))]
+    )
+
+
 def read_dead_letter(headers: h.HeaderPairs | None) -> DeadLetter:
     """Read the failure a dead-letter record describes (last occurrence of each header wins)."""
     last: dict[str, str] = {}
@@ -114,3 +127,67 @@ def read_dead_letter(headers: h.HeaderPairs | None) -> DeadLetter:
         reason=last.get(h.ERROR_REASON, ""),
         time_ms=int(time_text) if time_text.isascii() and time_text.isdigit() else None,
     )
+
+
+# Claim checks: a dead letter too large for the dead-letter topic keeps its payload in
+# the S3 store and carries these headers instead (docs/message-contract.md, "Sizes and
+# claim checks"). They are appended after the ``error-*`` headers.
+CLAIM_CHECK_STATUS = "claim-check-status"
+CLAIM_CHECK_URI = "claim-check-uri"
+CLAIM_CHECK_SIZE = "claim-check-size"
+CLAIM_CHECK_SHA256 = "claim-check-sha256"
+CLAIM_CHECK_ERROR = "claim-check-error"
+CLAIM_CHECK_HEADERS = (CLAIM_CHECK_STATUS, CLAIM_CHECK_URI, CLAIM_CHECK_SIZE, CLAIM_CHECK_SHA256, CLAIM_CHECK_ERROR)
+STORED = "stored"
+NOT_KEPT = "not-kept"
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    """Where a dead letter's payload went: ``uri`` in the S3 store, or nowhere (``error``)."""
+
+    size: int
+    sha256: str
+    uri: str | None = None
+    error: str | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.uri is not None
+
+
+def claim_check_headers(headers: h.HeaderPairs | None, check: ClaimCheck) -> h.Headers:
+    """``headers`` with the claim-check headers appended: status ``stored`` with the
+    payload's ``s3://`` URI, or ``not-kept`` with the reason; size and SHA-256 always."""
+    pairs = [(CLAIM_CHECK_STATUS, STORED if check.stored else NOT_KEPT)]
+    if check.uri is not None:
+        pairs.append((CLAIM_CHECK_URI, check.uri))
+    pairs += [(CLAIM_CHECK_SIZE, str(check.size)), (CLAIM_CHECK_SHA256, check.sha256)]
+    if check.error is not None:
+        pairs.append((CLAIM_CHECK_ERROR, one_line(check.error)))
+    kept: h.Headers = list(headers or [])  # type: ignore[arg-type]  # null values kept as is
+    return kept + h.encode_headers(pairs)
+
+
+def read_claim_check(headers: h.HeaderPairs | None) -> ClaimCheck | None:
+    """The claim check a dead-letter record carries (last occurrence wins), or None."""
+    last: dict[str, str] = {}
+    for key, value in headers or ():
+        name = key.lower() if isinstance(key, str) else ""
+        if name in CLAIM_CHECK_HEADERS and value is not None:
+            last[name] = bytes(value).decode("utf-8", errors="replace")
+    if CLAIM_CHECK_STATUS not in last:
+        return None
+    size = last.get(CLAIM_CHECK_SIZE, "")
+    return ClaimCheck(
+        size=int(size) if size.isascii() and size.isdigit() else -1,
+        sha256=last.get(CLAIM_CHECK_SHA256, ""),
+        uri=last.get(CLAIM_CHECK_URI) if last[CLAIM_CHECK_STATUS] == STORED else None,
+        error=last.get(CLAIM_CHECK_ERROR),
+    )
+
+
+def replay_headers(headers: h.HeaderPairs | None) -> h.Headers:
+    """A dead letter's headers minus every ``error-*`` and claim-check header: the
+    original record's headers, for re-producing it."""
+    return h.without(headers, (h.ERROR_STAGE, h.ERROR_CLASS, h.ERROR_REASON, h.ERROR_TIME, *CLAIM_CHECK_HEADERS))

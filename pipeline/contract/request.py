@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.contract import headers as h
 from pipeline.contract import json_form, protobuf_form, tensors
 from pipeline.contract.errors import BadRequest, ErrorClass
-from pipeline.contract.payload import ParamValue, Payload
+from pipeline.contract.payload import ModelBody, ParamValue, Payload
 from pipeline.contract.records import Record
 
 #: Default cap on a record value; Kafka's own default is 1 MiB, so this only bites when brokers allow big records.
@@ -71,7 +71,7 @@ class WireForm(str, Enum):
 
 
 @dataclass(frozen=True, eq=False)
-class InferenceRequest:
+class InferenceRequest(ModelBody):
     """A validated inference request, independent of its wire form.
 
     ``inputs`` keeps the producer's order. Raw-decoded arrays are read-only
@@ -83,10 +83,7 @@ class InferenceRequest:
     """
 
     correlation_id: str
-    model_name: str
-    model_version: str
     inputs: dict[str, np.ndarray]
-    datatypes: dict[str, str]
     requested_outputs: tuple[str, ...] = ()
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     content_type: str = h.PROTOBUF_REQUEST
@@ -322,11 +319,9 @@ def _build(payload: Payload, fields: _HeaderFields, content_type: str) -> Infere
         fields.timeout_us, params.pop(TIMEOUT, None), TIMEOUT, h.TIMEOUT_MS, _INT64_MAX
     )
     return InferenceRequest(
+        **payload.shared_fields(),
         correlation_id=correlation_id,
-        model_name=payload.model_name,
-        model_version=payload.model_version,
         inputs=payload.tensors,
-        datatypes=payload.datatypes,
         requested_outputs=payload.requested_outputs,
         parameters=params,
         content_type=content_type,

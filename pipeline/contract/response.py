@@ -14,7 +14,7 @@ import numpy as np
 from pipeline.contract import headers as h
 from pipeline.contract import json_form, protobuf_form, tensors
 from pipeline.contract.errors import BadRequest, ErrorClass
-from pipeline.contract.payload import ParamValue, Payload
+from pipeline.contract.payload import ModelBody, ParamValue, Payload
 from pipeline.contract.request import (
     SEQUENCE_END,
     SEQUENCE_ID,
@@ -25,14 +25,11 @@ from pipeline.contract.request import (
 
 
 @dataclass(frozen=True, eq=False)
-class InferenceResponse:
+class InferenceResponse(ModelBody):
     """A decoded result record (consumers and tests)."""
 
     correlation_id: str
-    model_name: str
-    model_version: str
     outputs: dict[str, np.ndarray]
-    datatypes: dict[str, str]
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     content_type: str = h.PROTOBUF_RESPONSE
 
@@ -110,11 +107,9 @@ def decode_response(value: bytes | None, headers: h.HeaderPairs | None) -> Infer
             "neither header 'correlation-id' nor response 'id' is set",
         )
     return InferenceResponse(
+        **payload.shared_fields(),
         correlation_id=correlation_id,
-        model_name=payload.model_name,
-        model_version=payload.model_version,
         outputs=payload.tensors,
-        datatypes=payload.datatypes,
         parameters=payload.parameters,
         content_type=media,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -20,33 +21,89 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExists
 from pipeline.errors import EndpointUnreachable
 from pipeline.settings import KafkaSettings
 
+#: What a record may carry besides the largest value a stage accepts: key, headers (the
+#: request's, carried to results and dead letters, plus ours) and the batch framing.
+RECORD_HEADROOM_BYTES = 1 << 20
+#: aiokafka's own defaults; limits only ever raise them.
+DEFAULT_MAX_RECORD_BYTES = 1 << 20
+_MIN_PARTITION_FETCH_BYTES = 4 << 20
+#: Bound on one producer send and its delivery (see :func:`make_producer`).
+SEND_TIMEOUT_MS = 30_000
+_MIN_FETCH_BYTES = 50 << 20
+
+
+@dataclass(frozen=True)
+class RecordLimits:
+    """How large a record a topology's clients and topics handle, in bytes.
+
+    ``max_record_bytes`` is the producer's ``max_request_size``, the topics'
+    ``max.message.bytes`` and the floor of the consumers' fetch sizes, so any record
+    a stage accepts can be consumed, and any output up to it produced.
+    ``dead_letter_max_bytes`` (at most ``max_record_bytes``): a larger dead letter
+    becomes a claim check (see :mod:`pipeline.deadletter`).
+    """
+
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    dead_letter_max_bytes: int = DEFAULT_MAX_RECORD_BYTES
+
+    @classmethod
+    def for_values(cls, largest_value_bytes: int, *, dead_letter_max_bytes: int) -> RecordLimits:
+        """Limits for a topology whose stages accept values up to ``largest_value_bytes``."""
+        limit = max(largest_value_bytes + RECORD_HEADROOM_BYTES, DEFAULT_MAX_RECORD_BYTES)
+        return cls(max_record_bytes=limit, dead_letter_max_bytes=min(dead_letter_max_bytes, limit))
+
+    def producer_kwargs(self) -> dict[str, Any]:
+        return {"max_request_size": self.max_record_bytes}
+
+    def consumer_kwargs(self) -> dict[str, Any]:
+        return {
+            "max_partition_fetch_bytes": max(_MIN_PARTITION_FETCH_BYTES, self.max_record_bytes),
+            "fetch_max_bytes": max(_MIN_FETCH_BYTES, self.max_record_bytes),
+        }
+
+    def topic_configs(self) -> dict[str, str]:
+        return {"max.message.bytes": str(self.max_record_bytes)}
+
 
 def _idempotence() -> bool:
     return os.environ.get("PIPELINE_KAFKA_IDEMPOTENCE", "false").lower() in ("1", "true", "yes")
 
 
-def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+def make_producer(
+    settings: KafkaSettings, *, limits: RecordLimits | None = None, **overrides: Any
+) -> AIOKafkaProducer:
+    """A producer for records up to ``limits.max_record_bytes`` (aiokafka's 1 MiB without)."""
     kwargs: dict[str, Any] = {
         **settings.client_kwargs(),
         "acks": "all",
         "linger_ms": 2,
         "max_batch_size": 1 << 20,
         "enable_idempotence": _idempotence(),
-        "request_timeout_ms": 30_000,
+        # The send timeout: aiokafka 0.14 has no delivery.timeout.ms or max.block.ms; this one
+        # setting bounds both send() (blocked on a full buffer or missing metadata) and each
+        # delivery future (the batch expires; up to 2x with the produce request in flight).
+        # A delivery that fails stops the stage before its offset is committed: replayed.
+        "request_timeout_ms": SEND_TIMEOUT_MS,
+        **(limits or RecordLimits()).producer_kwargs(),
     }
     kwargs.update(overrides)
     return AIOKafkaProducer(**kwargs)
 
 
 def make_consumer(
-    settings: KafkaSettings, *topics: str, group_id: str | None, **overrides: Any
+    settings: KafkaSettings,
+    *topics: str,
+    group_id: str | None,
+    limits: RecordLimits | None = None,
+    **overrides: Any,
 ) -> AIOKafkaConsumer:
+    """A consumer whose fetches hold a record of ``limits.max_record_bytes`` (4 MiB at least)."""
     kwargs: dict[str, Any] = {
         **settings.client_kwargs(),
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
-        "max_partition_fetch_bytes": 4 << 20,
+        **(limits or RecordLimits()).consumer_kwargs(),
         # A dead worker's partitions move after 10 s, not Kafka's 45 s default.
         "session_timeout_ms": 10_000,
         "heartbeat_interval_ms": 1_000,
@@ -67,11 +124,15 @@ async def ensure_topics(
     partitions: int,
     replication_factor: int = 1,
     compacted: Iterable[str] = (),
+    limits: RecordLimits | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the ones it created.
 
     ``compacted`` topics (state changelogs) get ``cleanup.policy=compact`` so
-    the broker keeps the latest value per key forever, not by time.
+    the broker keeps the latest value per key forever, not by time. With
+    ``limits``, every topic gets ``max.message.bytes`` to match the producers
+    (Tansu stores the setting but does not enforce it; Apache Kafka does).
+    Existing topics are left as they are.
     """
     admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
     try:
@@ -91,7 +152,10 @@ async def ensure_topics(
                 t,
                 num_partitions=partitions,
                 replication_factor=replication_factor,
-                topic_configs={"cleanup.policy": "compact"} if t in compact else {},
+                topic_configs={
+                    **({"cleanup.policy": "compact"} if t in compact else {}),
+                    **(limits.topic_configs() if limits is not None else {}),
+                },
             )
             for t in wanted
         ]

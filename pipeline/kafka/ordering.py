@@ -13,6 +13,7 @@ Pure bookkeeping: no I/O, no asyncio, unit-tested on its own.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,10 @@ class Slot(Generic[T]):
     output: T | None = None
     emitted: bool = False
     acknowledged: bool = False
+    tracked_at: float = field(default_factory=time.monotonic)
+    size: int = 0
+    """Bytes the consumed record holds (key and value): backpressure counts bytes too."""
+    """When the record was consumed (monotonic): the watchdog's age of an unfinished record."""
 
     @property
     def ready(self) -> bool:
@@ -51,14 +56,20 @@ class OrderedOffsets(Generic[T]):
 
     def __init__(self) -> None:
         self._lines: dict[TopicPartition, _PartitionLine[T]] = {}
+        self._bytes = 0
 
-    def add(self, tp: TopicPartition, offset: int) -> Slot[T]:
+    def add(self, tp: TopicPartition, offset: int, size: int = 0) -> Slot[T]:
         line = self._lines.setdefault(tp, _PartitionLine())
         if line.slots and offset <= line.slots[-1].offset:
             raise ValueError(f"{tp}: offset {offset} is not after {line.slots[-1].offset}")
-        slot: Slot[T] = Slot(tp, offset)
+        slot: Slot[T] = Slot(tp, offset, size=size)
         line.slots.append(slot)
+        self._bytes += size
         return slot
+
+    def pending_bytes(self) -> int:
+        """Bytes of the records whose slots are not yet acknowledged (all partitions)."""
+        return self._bytes
 
     def pending(self, tp: TopicPartition | None = None) -> int:
         """Slots not yet acknowledged, in one partition or in all."""
@@ -86,6 +97,7 @@ class OrderedOffsets(Generic[T]):
             return  # the partition was revoked meanwhile: its new owner replays it
         while line.slots and line.slots[0].acknowledged:
             done = line.slots.popleft()
+            self._bytes -= done.size
             line.next_emit -= 1
             line.commit_point = done.offset + 1
 
@@ -105,7 +117,15 @@ class OrderedOffsets(Generic[T]):
     def forget(self, tp: TopicPartition) -> list[Slot[T]]:
         """Drop a revoked partition's line, returning its unacknowledged slots."""
         line = self._lines.pop(tp, None)
-        return list(line.slots) if line else []
+        if line is None:
+            return []
+        self._bytes -= sum(slot.size for slot in line.slots)
+        return list(line.slots)
 
     def partitions(self) -> list[TopicPartition]:
         return list(self._lines)
+
+    def oldest(self, tp: TopicPartition) -> Slot[T] | None:
+        """The partition's oldest unacknowledged slot (its line's head), if any."""
+        line = self._lines.get(tp)
+        return line.slots[0] if line is not None and line.slots else None

@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 from pipeline.contract.headers import Headers
@@ -51,6 +51,15 @@ Outputs = tuple[OutRecord, ...]
 OnAcknowledged = Callable[[OutRecord], None]
 
 
+class OversizeHandler(Protocol):
+    """What the outbox does with outputs too large for their topic (a claim check:
+    :class:`pipeline.deadletter.oversize.OversizeOutputs`)."""
+
+    def too_large(self, out: OutRecord) -> bool: ...
+
+    async def replace(self, out: OutRecord, slot: Slot[Outputs], index: int) -> OutRecord: ...
+
+
 class Outbox:
     """Ordered emission and safe commits for one consumer's partitions."""
 
@@ -60,8 +69,13 @@ class Outbox:
         consumer: AIOKafkaConsumer,
         *,
         on_acknowledged: OnAcknowledged | None = None,
+        oversize: OversizeHandler | None = None,
     ) -> None:
         self._producer = producer
+        self._oversize = oversize
+        # Slots whose oversized outputs are being claim-checked: not ready until done.
+        self._claiming: dict[Slot[Outputs], asyncio.Task[None]] = {}
+        self._resent: set[Slot[Outputs]] = set()
         self._consumer = consumer
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
@@ -73,17 +87,48 @@ class Outbox:
 
     # ------------------------------------------------------------------ tracking
     def track(self, record: ConsumerRecord[bytes, bytes]) -> Slot[Outputs]:
-        return self._offsets.add(TopicPartition(record.topic, record.partition), record.offset)
+        size = len(record.key or b"") + len(record.value or b"")
+        return self._offsets.add(TopicPartition(record.topic, record.partition), record.offset, size)
 
     def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs) -> None:
         """Give a slot its outputs (possibly none); they are produced once everything before is."""
-        if slot.output is not None:
+        if slot.output is not None or slot in self._claiming:
             return  # first answer wins (e.g. a deadline fired while the batch returned)
-        slot.output = (output,) if isinstance(output, OutRecord) else tuple(output)
+        outputs = (output,) if isinstance(output, OutRecord) else tuple(output)
+        if self._oversize is not None and any(self._oversize.too_large(out) for out in outputs):
+            # Off the loop and off the line: only this partition waits for the S3 store.
+            self._claiming[slot] = asyncio.create_task(self._claim_check(slot, outputs))
+            return
+        slot.output = outputs
+        self._changed.set()
+
+    async def _claim_check(self, slot: Slot[Outputs], outputs: Outputs) -> None:
+        """Replace the oversized outputs by claim-check dead letters, then make the slot ready."""
+        assert self._oversize is not None
+        try:
+            slot.output = await self._replaced(slot, outputs, self._oversize.too_large)
+        except Exception as exc:
+            log.exception("claim check for %s@%d failed", slot.tp, slot.offset)
+            self._failure = exc
+        finally:
+            self._claiming.pop(slot, None)
         self._changed.set()
 
     def pending(self, tp: TopicPartition | None = None) -> int:
         return self._offsets.pending(tp)
+
+    def pending_bytes(self) -> int:
+        return self._offsets.pending_bytes()
+
+    def oldest_unfinished(self, now: float | None = None) -> dict[TopicPartition, float]:
+        """Per partition line, the age (s) of its oldest record not yet acknowledged (0 when
+        none): a line's head that does not move is a wedged partition (the watchdog's input)."""
+        now = time.monotonic() if now is None else now
+        ages: dict[TopicPartition, float] = {}
+        for tp in self._offsets.partitions():
+            head = self._offsets.oldest(tp)
+            ages[tp] = 0.0 if head is None else max(0.0, now - head.tracked_at)
+        return ages
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -97,13 +142,13 @@ class Outbox:
                 assert slot.output is not None
                 split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
                 now, later = slot.output[:split], slot.output[split:]
-                sent = [await self._send(out) for out in now]
+                sent = [await self._send(out, slot, i) for i, out in enumerate(now)]
                 if later:
                     # Serialised per partition line: checkpoints leave in slot order.
                     previous = self._barriers.get(tp)
                     enqueued: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     self._barriers[tp] = enqueued
-                    task = asyncio.create_task(self._send_after(previous, enqueued, sent, later, slot))
+                    task = asyncio.create_task(self._send_after(previous, enqueued, sent, split, slot))
                     self._senders.add(task)  # the loop keeps only weak references to tasks
                     task.add_done_callback(self._senders.discard)
                 elif sent:
@@ -114,7 +159,20 @@ class Outbox:
                 else:
                     self._acknowledge(slot)
 
-    async def _send(self, out: OutRecord) -> asyncio.Future[Any]:
+    async def _send(self, out: OutRecord, slot: Slot[Outputs], index: int) -> asyncio.Future[Any]:
+        """Hand ``slot.output[index]`` to the producer; one it refuses as too large: claim check."""
+        try:
+            return await self._send_record(out)
+        except MessageSizeTooLargeError as exc:
+            if self._oversize is None or not (out.dead_letter or out.counts_as_result):
+                raise
+            log.warning("output for %s@%d too large to send (%s): claim check", slot.tp, slot.offset, exc)
+            out = await self._oversize.replace(out, slot, index)
+            assert slot.output is not None
+            slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
+            return await self._send_record(out)
+
+    async def _send_record(self, out: OutRecord) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = await self._producer.send(
             out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
         )
@@ -125,10 +183,11 @@ class Outbox:
         previous: asyncio.Future[None] | None,
         enqueued: asyncio.Future[None],
         sent: list[asyncio.Future[Any]],
-        later: Outputs,
+        split: int,
         slot: Slot[Outputs],
     ) -> None:
-        """Send ``later`` once ``sent`` is acknowledged and the previous slot's ``later`` is
+        """Send ``later`` (the slot's outputs from ``split`` on) once ``sent`` is acknowledged
+        and the previous slot's ``later`` is
         *enqueued* (the producer keeps a partition's order, so waiting for its
         acknowledgement would only serialise the round trips)."""
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -137,7 +196,8 @@ class Outbox:
             if previous is not None:
                 await asyncio.shield(previous)
             await asyncio.gather(*sent)
-            rest = [await self._send(out) for out in later]
+            assert slot.output is not None
+            rest = [await self._send(out, slot, i) for i, out in enumerate(slot.output) if i >= split]
             enqueued.set_result(None)
             await asyncio.gather(*rest)
         except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
@@ -154,12 +214,40 @@ class Outbox:
         if fut.cancelled():
             return
         exc = fut.exception()
+        if isinstance(exc, MessageSizeTooLargeError) and self._oversize is not None and slot not in self._resent:
+            self._resent.add(slot)
+            task = asyncio.create_task(self._resend_claim_checked(slot))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+            return
+        self._resent.discard(slot)
         if exc is not None:
             # aiokafka already retried; an undeliverable output must not be committed past.
             log.error("output for %s@%d not delivered: %s", slot.tp, slot.offset, exc)
             self._failure = exc
             return
         self._acknowledge(slot)
+
+    async def _resend_claim_checked(self, slot: Slot[Outputs]) -> None:
+        """The broker refused an output as too large (a topic made elsewhere with a smaller
+        ``max.message.bytes``): resend the slot's results and dead letters as claim checks
+        (now after later outputs of the partition; the commit still waits for them)."""
+        assert slot.output is not None
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._delivery.add(done)
+        try:
+            slot.output = await self._replaced(slot, slot.output, lambda out: out.dead_letter or out.counts_as_result)
+            await asyncio.gather(*[await self._send_record(out) for out in slot.output])
+        except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        self._delivered(done, slot)
+
+    async def _replaced(self, slot: Slot[Outputs], outputs: Outputs, which: Callable[[OutRecord], bool]) -> Outputs:
+        """``outputs`` with those ``which`` selects replaced by claim-check dead letters."""
+        assert self._oversize is not None
+        return tuple([await self._oversize.replace(o, slot, i) if which(o) else o for i, o in enumerate(outputs)])
 
     def _acknowledge(self, slot: Slot[Outputs]) -> None:
         self._offsets.acknowledge(slot)
@@ -192,12 +280,13 @@ class Outbox:
         deadline = time.monotonic() + timeout_s
         while True:
             await self.emit_ready()
-            if not self._delivery:
+            waiting = {*self._delivery, *self._claiming.values()}
+            if not waiting:
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            await asyncio.wait(set(self._delivery), timeout=remaining)
+            await asyncio.wait(waiting, timeout=remaining)
 
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         offsets = self._offsets.committable()
@@ -218,4 +307,6 @@ class Outbox:
 
     def forget(self, tp: TopicPartition) -> int:
         """Drop a revoked partition's unfinished slots (its next owner replays them)."""
+        for slot in [s for s in self._claiming if s.tp == tp]:
+            self._claiming.pop(slot).cancel()
         return len(self._offsets.forget(tp))

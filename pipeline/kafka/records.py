@@ -12,12 +12,20 @@ from typing import Protocol
 
 
 class ConsumedRecord(Protocol):
-    """A record fetched from Kafka: where it came from, and its key, value and headers."""
+    """A record fetched from Kafka: where it came from, and its key, value and headers
+    (read-only, so frozen stand-ins, such as a record salvaged by position, fit too)."""
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...

@@ -22,97 +22,102 @@ class PipelineMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        r = self.registry
-        self.requests = Counter(
-            "pipeline_requests_total", "Records consumed by a stage.", ["stage"], registry=r
+        # Every metric is labelled by stage first; the arguments after the help text name its other labels.
+        counter, gauge, histogram = self._counter, self._gauge, self._histogram
+        self.requests = counter("pipeline_requests_total", "Records consumed by a stage.")
+        self.results = counter("pipeline_results_total", "Results produced by a stage.")
+        self.dead_letters = counter(
+            "pipeline_dead_letters_total", "Records sent to the dead-letter topic, by error class.", "error_class"
         )
-        self.results = Counter(
-            "pipeline_results_total", "Results produced by a stage.", ["stage"], registry=r
+        self.triton_retries = counter(
+            "pipeline_triton_retries_total", "Triton calls retried after UNAVAILABLE or a timeout."
         )
-        self.dead_letters = Counter(
-            "pipeline_dead_letters_total",
-            "Records sent to the dead-letter topic, by error class.",
-            ["stage", "error_class"],
-            registry=r,
-        )
-        self.triton_retries = Counter(
-            "pipeline_triton_retries_total",
-            "Triton calls retried after UNAVAILABLE or a timeout.",
-            ["stage"],
-            registry=r,
-        )
-        self.batch_size = Histogram(
-            "pipeline_batch_size", "Rows per Triton call.", ["stage"], buckets=_BATCH_BUCKETS, registry=r
-        )
-        self.queue_delay = Histogram(
+        self.batch_size = histogram(_BATCH_BUCKETS, "pipeline_batch_size", "Rows per Triton call.")
+        self.queue_delay = histogram(
+            _LATENCY_BUCKETS,
             "pipeline_queue_delay_seconds",
             "Time a request waited in the batcher before its Triton call.",
-            ["stage"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.triton_latency = Histogram(
+        self.triton_latency = histogram(
+            _LATENCY_BUCKETS,
             "pipeline_triton_request_duration_seconds",
             "Duration of one batched Triton gRPC call.",
-            ["stage", "model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            "model",
         )
-        self.end_to_end = Histogram(
+        self.end_to_end = histogram(
+            _LATENCY_BUCKETS,
             "pipeline_end_to_end_latency_seconds",
             "From the request record's timestamp to its result being acknowledged by the broker.",
-            ["stage"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.inflight_batches = Gauge(
-            "pipeline_inflight_batches", "Triton calls in flight.", ["stage"], registry=r
-        )
-        self.pending_requests = Gauge(
+        self.inflight_batches = gauge("pipeline_inflight_batches", "Triton calls in flight.")
+        self.pending_requests = gauge(
             "pipeline_pending_requests",
             "Records consumed but not yet acknowledged downstream (bounded by backpressure).",
-            ["stage"],
-            registry=r,
         )
-        self.consumer_lag = Gauge(
+        self.pending_bytes = gauge(
+            "pipeline_pending_bytes",
+            "Bytes of records consumed but not yet acknowledged downstream (bounded by backpressure).",
+        )
+        self.consumer_lag = gauge(
             "pipeline_consumer_lag",
             "Records between the consumer position and the partition end.",
-            ["stage", "topic", "partition"],
-            registry=r,
+            "topic",
+            "partition",
         )
-        self.duplicates_dropped = Counter(
-            "pipeline_duplicate_chunks_dropped_total",
-            "Stream chunks dropped as exact duplicates of chunks already applied.",
-            ["stage"],
-            registry=r,
+        self.records_dropped = counter(
+            "pipeline_records_dropped_total",
+            "Records deliberately turned into no output, by documented reason (docs/message-contract.md).",
+            "reason",
         )
-        self.idle_closed = Counter(
-            "pipeline_streams_closed_idle_total", "Streams closed after their idle timeout.", ["stage"], registry=r
+        self.streams_closed = counter(
+            "pipeline_streams_closed_total",
+            "Streams closed without an end chunk: idle, evicted, or failed by the gap policy.",
+            "reason",
         )
-        self.state_keys = Gauge(
+        self.stream_gaps = counter(
+            "pipeline_stream_gaps_total", "Missing chunks a stream skipped (each marked by a 'gap' result)."
+        )
+        self.state_keys = gauge(
             "pipeline_state_keys",
             "Keyed states held by this process (open streams and their ended markers, open joins).",
-            ["stage"],
-            registry=r,
         )
-        self.state_evictions = Counter(
+        self.state_evictions = counter(
             "pipeline_state_evictions_total",
             "Keyed states closed early because the stage held its maximum number of keys.",
-            ["stage"],
-            registry=r,
         )
-        self.state_corrupt = Counter(
+        self.state_corrupt = counter(
             "pipeline_state_corrupt_total",
             "State records that could not be decoded on restore (the key started fresh).",
-            ["stage"],
-            registry=r,
         )
-        self.device = Gauge(
-            "pipeline_stage_device_info", "Where a stage computes (1 for its device).", ["stage", "device"], registry=r
+        self.claim_checks = counter(
+            "pipeline_claim_checks_total",
+            "Dead letters too large for the dead-letter topic, by outcome: payload stored in the "
+            "S3 store (stored), or dropped because S3 is not configured or failed (not-kept).",
+            "outcome",
         )
-        self.paused = Gauge(
-            "pipeline_consumer_paused", "1 while consumption is paused by backpressure.", ["stage"], registry=r
+        self.unreadable_records = counter(
+            "pipeline_unreadable_records_total",
+            "Records the consumer could not decode (bad header key, CRC, structure), dead-lettered by position.",
+            "cause",
         )
+        self.device = gauge("pipeline_stage_device_info", "Where a stage computes (1 for its device).", "device")
+        self.oldest_unfinished_age = gauge(
+            "pipeline_oldest_unfinished_record_age_seconds",
+            "Age of the oldest consumed record whose outcome the broker has not yet acknowledged "
+            "(0: none pending); past the stage's stall_after_s, /readyz answers 503.",
+            "topic",
+            "partition",
+        )
+        self.paused = gauge("pipeline_consumer_paused", "1 while consumption is paused by backpressure.")
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(name, documentation, ["stage", *labels], registry=self.registry)
+
+    def _gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
+        return Gauge(name, documentation, ["stage", *labels], registry=self.registry)
+
+    def _histogram(self, buckets: tuple[float, ...], name: str, documentation: str, *labels: str) -> Histogram:
+        return Histogram(name, documentation, ["stage", *labels], buckets=buckets, registry=self.registry)
 
     def snapshot(self) -> dict[str, list[dict[str, object]]]:
         """Current samples as plain data, for the metrics topic."""

@@ -1,8 +1,17 @@
-"""``/healthz``, ``/readyz`` and ``/metrics`` for one worker process.
+"""``/livez`` (and ``/healthz``), ``/readyz`` and ``/metrics`` for one worker process.
 
 Served by aiohttp on the worker's event loop: every stage does its I/O
 asynchronously (gRPC, Kafka) and its CPU work off the loop, so the endpoints
 answer promptly even while batches run.
+
+- ``/readyz`` (readiness: send work here?): 200 while every stage consumes and no
+  partition's oldest unfinished record is older than its stage's ``stall_after_s``
+  (:mod:`pipeline.runtime.watchdog`); else 503, one line per reason naming the
+  stage and partition. It turns 200 again by itself once the work moves.
+- ``/livez`` (liveness: restart me?), with ``/healthz`` as its alias: 200 unless a
+  stage task died outside a shutdown; 503 naming it. A stuck event loop does not
+  answer at all, so the probe's timeout fails it. A stall outside the process (a
+  hung Triton) fails readiness only: restarting would not help.
 """
 
 from __future__ import annotations
@@ -15,13 +24,29 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.observability.metrics import PipelineMetrics
 
+Problems = Callable[[], list[str]]
+"""Returns what is wrong (one line each); empty when all is well."""
+
+
+def _nothing_wrong() -> list[str]:
+    return []
+
 
 class HealthServer:
     def __init__(
-        self, metrics: PipelineMetrics, ready: Callable[[], bool], host: str = "0.0.0.0", port: int = 0
+        self,
+        metrics: PipelineMetrics,
+        not_ready: Problems,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        *,
+        not_live: Problems = _nothing_wrong,
+        before_scrape: Callable[[], object] | None = None,
     ) -> None:
         self._metrics = metrics
-        self._ready = ready
+        self._not_ready = not_ready
+        self._not_live = not_live
+        self._before_scrape = before_scrape
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
@@ -29,7 +54,8 @@ class HealthServer:
 
     async def start(self) -> int:
         app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/healthz", self._livez)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics_handler)
         self._runner = web.AppRunner(app, access_log=None)
@@ -45,14 +71,20 @@ class HealthServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _healthz(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    async def _livez(self, _request: web.Request) -> web.Response:
+        return _answer(self._not_live(), "ok")
 
     async def _readyz(self, _request: web.Request) -> web.Response:
-        if self._ready():
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready\n")
+        return _answer(self._not_ready(), "ready")
 
     async def _metrics_handler(self, _request: web.Request) -> web.Response:
+        if self._before_scrape is not None:
+            self._before_scrape()
         body = generate_latest(self._metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _answer(problems: list[str], ok: str) -> web.Response:
+    if not problems:
+        return web.Response(text=f"{ok}\n")
+    return web.Response(status=503, text="".join(f"{line}\n" for line in problems))

@@ -4,6 +4,12 @@ One asyncio loop runs every selected stage (each its own consumer group, so a
 stage scales out by starting more processes with ``--stage``), the health
 endpoints and the metrics-topic publisher. SIGTERM/SIGINT set a stop event;
 stages then hand over in-flight work and commit within their drain timeout.
+
+Shutdown is bounded in any state (a Triton outage with batches waiting in the
+retry loop included): each stage drains and closes within 95 % of the
+topology's ``drain_timeout_s`` (:mod:`pipeline.runtime.stages`), and whatever
+still runs at 100 % is cancelled; work not finished by then is left uncommitted,
+so the partitions' next owner replays it. The process then exits 0.
 """
 
 from __future__ import annotations
@@ -11,19 +17,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.kafka.clients import ensure_topics, make_producer
+from pipeline.kafka.copartition import check_copartitioned
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.snapshot import publish_snapshots
 from pipeline.runtime.health import HealthServer
-from pipeline.runtime.stages import build_stages
+from pipeline.runtime.stages import build_stages, record_limits
+from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.settings import Endpoints
 from pipeline.topology.model import Topology
-from workers.base import StreamStage
+from workers.base import StreamStage, bounded
 
 log = logging.getLogger(__name__)
+
+
+_CLOSE_S = 2.0  # the snapshot producer's and the health server's own close bounds
 
 
 @dataclass
@@ -32,9 +44,19 @@ class RunningProcess:
 
     health_port: int | None = None
     stages: list[StreamStage] | None = None
+    watchdog: Watchdog | None = field(default=None, repr=False)
 
     def ready(self) -> bool:
-        return bool(self.stages) and all(s.ready for s in self.stages or [])
+        return not self.not_ready()
+
+    def not_ready(self) -> list[str]:
+        """Why ``/readyz`` is 503: stages not consuming, stalled partitions (empty: ready)."""
+        if not self.stages:
+            return ["no stages started"]
+        problems = [f"stage {s.io.stage}: not consuming" for s in self.stages if not s.ready]
+        if self.watchdog is not None:
+            problems += [stall.describe() for stall in self.watchdog.check()]
+        return problems
 
 
 async def run_topology(
@@ -61,11 +83,24 @@ async def run_topology(
         partitions=topology.kafka.partitions,
         replication_factor=topology.kafka.replication_factor,
         compacted=state_topics,
+        # Topics take the largest record any stage of this topology accepts or produces.
+        limits=record_limits(topology, endpoints.kafka),
     )
     if created:
         log.info("created topics: %s", ", ".join(created))
-    state = RunningProcess(stages=build_stages(topology, endpoints, metrics, only_stages))
-    health = HealthServer(metrics, state.ready, port=topology.http_port if http_port is None else http_port)
+    stages = build_stages(topology, endpoints, metrics, only_stages)
+    await check_copartitioned(endpoints.kafka, [s.copartitioned_topics() for s in stages])
+    state = RunningProcess(stages=stages, watchdog=Watchdog(stages, metrics))
+    watchdog = state.watchdog
+    assert watchdog is not None
+    liveness = Liveness(stop)
+    health = HealthServer(
+        metrics,
+        state.not_ready,
+        port=topology.http_port if http_port is None else http_port,
+        not_live=liveness.problems,
+        before_scrape=watchdog.check,
+    )
     state.health_port = await health.start()
     snapshot_producer = make_producer(endpoints.kafka)
     await snapshot_producer.start()
@@ -76,6 +111,7 @@ async def run_topology(
             on_ready(state)
         log.info("topology %s running (health on :%s)", topology.name, state.health_port)
         tasks = [asyncio.create_task(stage.run(stop), name=stage.io.stage) for stage in state.stages or []]
+        tasks.append(asyncio.create_task(watchdog.run(stop), name="watchdog"))
         tasks.append(
             asyncio.create_task(
                 publish_snapshots(
@@ -89,10 +125,12 @@ async def run_topology(
                 name="metrics-snapshots",
             )
         )
+        liveness.watch(tasks)
         # One stage failing stops the process (all stages drain and commit first):
         # a supervisor restarts it, rather than it running on half-alive.
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        await _until_stop_or_failure(stop, tasks)
         stop.set()
+        await _bounded_shutdown(tasks, topology.drain_timeout_s, time.monotonic())
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for task, result in zip(tasks, results, strict=True):
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
@@ -100,5 +138,28 @@ async def run_topology(
                 raise result
     finally:
         stop.set()
-        await snapshot_producer.stop()
-        await health.stop()
+        await bounded(snapshot_producer.stop(), _CLOSE_S, "metrics producer close")
+        await bounded(health.stop(), _CLOSE_S, "health server close")
+
+
+async def _until_stop_or_failure(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    """Return when ``stop`` is set (a signal) or a task ends (normally only by failing)."""
+    stopped = asyncio.create_task(stop.wait(), name="stop-signal")
+    try:
+        await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+
+
+async def _bounded_shutdown(tasks: list[asyncio.Task[None]], bound_s: float, started: float) -> None:
+    """Give the tasks until ``bound_s`` after ``started`` to finish; cancel the rest."""
+    remaining = max(0.0, bound_s - (time.monotonic() - started))
+    _, late = await asyncio.wait(tasks, timeout=remaining)
+    if late:
+        log.error(
+            "still running %.0fs after the stop: %s; cancelled (their unfinished records stay uncommitted)",
+            bound_s, ", ".join(sorted(t.get_name() for t in late)),
+        )
+        for task in late:
+            task.cancel()
+        await asyncio.wait(late, timeout=_CLOSE_S)

@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
+from pipeline.contract.request import DEFAULT_MAX_VALUE_BYTES
+from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.errors import ConfigError
 from pipeline.failure_policy import RetryPolicy
+from pipeline.kafka.clients import RecordLimits
 from pipeline.observability.metrics import PipelineMetrics
-from pipeline.settings import Endpoints
+from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.graph import JoinNode
 from pipeline.topology.model import (
     DaliStageConfig,
@@ -50,7 +53,9 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
     assert isinstance(config, StatelessStageConfig)
     return BatchingStage(
         ctx.io,
-        TritonModelBackend(ctx.endpoints.triton, config.model, config.model_version),
+        TritonModelBackend(
+            ctx.endpoints.triton, config.model, config.model_version, call_timeout_s=config.call_timeout_s
+        ),
         batching_settings(config),
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
@@ -68,6 +73,7 @@ def build_dali(ctx: BuildContext, config: Stage) -> StreamStage:
         device=config.device,
         max_batch_size=config.batching.max_batch_size or 64,
         max_chunk_seconds=config.max_chunk_seconds,
+        run_timeout_s=config.run_timeout_s,
     )
     return BatchingStage(ctx.io, backend, batching_settings(config), kafka=ctx.endpoints.kafka, metrics=ctx.metrics)
 
@@ -128,6 +134,7 @@ def build_stages(
     and per join of a graph."""
     if topology.is_graph:
         return _graph_stages(topology, endpoints, metrics, only)
+    limits, claim_checks = record_limits(topology, endpoints.kafka), claim_check_store(endpoints)
     _check_selection(topology, [s.name for s in topology.stages], only)
     stages: list[StreamStage] = []
     for config, (input_topic, output_topic) in zip(topology.stages, topology.stage_topics(), strict=True):
@@ -148,6 +155,11 @@ def build_stages(
                 else config.batching.max_pending_requests
             ),
             emit_requests=output_topic != topology.result_topic,
+            limits=limits,
+            claim_checks=claim_checks,
+            drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
+            close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
+            stall_after_s=stall_after_s(config),
         )
         stages.append(builder(BuildContext(topology, endpoints, metrics, io), config))
     return stages
@@ -158,6 +170,7 @@ def _graph_stages(
 ) -> list[StreamStage]:
     """Steps and joins of a graph topology, wired by the compiled graph's topics."""
     graph = topology.graph()
+    limits, claim_checks = record_limits(topology, endpoints.kafka), claim_check_store(endpoints)
     _check_selection(topology, [*graph.order, *graph.joins], only)
     stages: list[StreamStage] = []
     for name in graph.order:
@@ -173,6 +186,11 @@ def _graph_stages(
             dead_letter_topic=topology.dead_letter_topic,
             max_pending=config.batching.max_pending_requests,
             emit_requests=not node.to_result,
+            limits=limits,
+            claim_checks=claim_checks,
+            drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
+            close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
+            stall_after_s=stall_after_s(config),
         )
         routing = TensorRouting(
             config.input_map,
@@ -191,9 +209,32 @@ def _graph_stages(
             more_input_topics=join.input_topics[1:],
             output_topic=join.output_topic,
             dead_letter_topic=topology.dead_letter_topic,
+            drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
+            close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
+            # A join record legitimately waits up to its window for the other branches.
+            stall_after_s=join.window_ms / 1000 + JOIN_STALL_MARGIN_S,
+            limits=limits,
+            claim_checks=claim_checks,
         )
         stages.append(build_join(BuildContext(topology, endpoints, metrics, io), join))
     return stages
+
+
+def record_limits(topology: Topology, kafka: KafkaSettings) -> RecordLimits:
+    """The topology's record limits: its largest accepted request value (a stage's
+    ``max_request_bytes``; sequence stages decode up to the contract's default) plus
+    headroom; dead letters over ``kafka.dead_letter_max_bytes`` become claim checks."""
+    largest = max(
+        (getattr(stage, "max_request_bytes", DEFAULT_MAX_VALUE_BYTES) for stage in topology.stages),
+        default=DEFAULT_MAX_VALUE_BYTES,
+    )
+    return RecordLimits.for_values(int(largest), dead_letter_max_bytes=kafka.dead_letter_max_bytes)
+
+
+def claim_check_store(endpoints: Endpoints) -> ClaimCheckStore | None:
+    """Where oversized dead letters keep their payload: the S3 store when one is
+    configured; else none (such payloads are not kept, and counted)."""
+    return ClaimCheckStore(endpoints.s3) if endpoints.s3.configured else None
 
 
 def _check_selection(topology: Topology, names: list[str], only: Sequence[str]) -> None:
@@ -202,6 +243,27 @@ def _check_selection(topology: Topology, names: list[str], only: Sequence[str]) 
         raise ConfigError(
             f"topology {topology.name!r} has no stage {', '.join(map(repr, unknown))} (stages: {', '.join(names)})"
         )
+
+
+JOIN_STALL_MARGIN_S = 60.0
+DRAIN_SHARE = 0.7
+CLOSE_STEP_SHARE = 0.05
+"""Of the topology's ``drain_timeout_s``, a stage drains (release, flush, commit) within
+70 % and gives each of its five closing steps (abandon, outbox, consumer, producer,
+backend) 5 %: its whole shutdown fits in 95 %, and the runner cancels whatever still
+runs at 100 % (see :mod:`pipeline.runtime.runner`)."""
+
+
+def stall_after_s(config: Stage) -> float:
+    """The watchdog's threshold: the topology's, or twice the stage's call bound (plus,
+    for a sequence stage, the time a chunk may wait for a missing one)."""
+    if config.stall_after_s is not None:
+        return config.stall_after_s
+    if isinstance(config, DaliStageConfig):
+        return 2 * config.run_timeout_s
+    if isinstance(config, SequenceStageConfig):
+        return 2 * config.call_timeout_s + config.gap_timeout_s
+    return 2 * config.call_timeout_s
 
 
 def retry_policy(config: RetryConfig) -> RetryPolicy:
@@ -214,16 +276,12 @@ def retry_policy(config: RetryConfig) -> RetryPolicy:
 
 def batching_settings(config: StatelessStageConfig | DaliStageConfig) -> BatchingSettings:
     b = config.batching
-    common = {
-        "max_batch_size": b.max_batch_size,
-        "max_queue_delay_s": b.max_queue_delay_ms / 1000,
-        "max_inflight_batches": b.max_inflight_batches,
-        "max_request_bytes": config.max_request_bytes,
-    }
+    common = b.model_dump(include={"max_batch_size", "max_inflight_batches", "max_batch_bytes"})
+    common.update(max_queue_delay_s=b.max_queue_delay_ms / 1000, max_request_bytes=config.max_request_bytes)
     if isinstance(config, DaliStageConfig):
-        return BatchingSettings(**common)  # type: ignore[arg-type]
+        return BatchingSettings(**common)
     return BatchingSettings(
-        **common,  # type: ignore[arg-type]
+        **common,
         default_deadline_ms=None if config.deadline_ms is None else int(config.deadline_ms),
         default_priority=config.priority,
         default_timeout_ms=None if config.timeout_ms is None else int(config.timeout_ms),

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 
 
-@dataclass(frozen=True)
+@dataclass
 class StateLimits:
     ttl_s: float
     """Default time-to-live of an entry after its last put or touch."""

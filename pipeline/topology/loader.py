@@ -46,6 +46,8 @@ _REFERENCE = re.compile(
     r"|\$\{"  # any other "${" is malformed
 )
 _STR_TAG = "tag:yaml.org,2002:str"
+MAX_EXPANDED_NODES = 100_000
+"""Values a topology may hold once its aliases are expanded (real ones hold hundreds)."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -80,6 +82,7 @@ class TopologyLoader(yaml.SafeLoader):
         self.environ = environ
         self.key_marks: dict[KeyPath, yaml.Mark] = {}
         self._interpolated: set[int] = set()
+        self._visits = 0
 
     def load_document(self) -> Any:
         """Compose, index and construct the single document (None for an empty file)."""
@@ -98,6 +101,12 @@ class TopologyLoader(yaml.SafeLoader):
     def _index(self, node: yaml.Node, path: KeyPath, ancestors: frozenset[int]) -> None:
         if id(node) in ancestors:  # a recursive alias (`&a [*a]`): indexed once is enough
             return
+        self._visits += 1
+        if self._visits > MAX_EXPANDED_NODES:
+            # Aliases of aliases expand exponentially ("billion laughs"): refuse, don't hang.
+            raise _Located(
+                node.start_mark, path, f"the document expands to more than {MAX_EXPANDED_NODES:,} values (alias nesting)"
+            )
         ancestors = ancestors | {id(node)}
         if isinstance(node, yaml.ScalarNode):
             self._interpolate(node, path)

@@ -197,6 +197,9 @@ class Batching(_Strict):
     """Inference calls outstanding at once, per worker."""
     max_pending_requests: PositiveInt = 4096
     """Requests consumed but not yet answered; above it, consumption pauses (backpressure)."""
+    max_batch_bytes: PositiveInt | None = 64 * 1024 * 1024
+    """A batch is sent once its requests hold this many bytes, whatever its rows (a request
+    larger than this goes alone); null = rows only."""
 
 
 class RetryConfig(_Strict):
@@ -241,6 +244,9 @@ class _StageBase(_Strict):
     """Topic this stage consumes; null = the previous stage's output (first stage: input_topic)."""
     output_topic: TopicName | None = None
     """Topic this stage produces; null = <topology>.<stage>.out (last stage: result_topic)."""
+    stall_after_s: PositiveFloat | None = None
+    """Watchdog: /readyz answers 503 while a partition's oldest unfinished record is older
+    than this; null = 2 x call_timeout_s (DALI: run_timeout_s; sequence: plus gap_timeout_s)."""
 
 
 class StatelessStageConfig(_StageBase):
@@ -270,6 +276,9 @@ class StatelessStageConfig(_StageBase):
     """Graph topologies: how this step waits when its inputs come from parallel branches."""
     warmup: bool = False
     """Infer once before consuming, so the first real record does not pay for model start-up."""
+    call_timeout_s: PositiveFloat = 30.0
+    """Client-side bound on one Triton call (the request's own deadline when earlier); a call
+    that times out while Triton does not answer its readiness probe is an outage (waits)."""
 
 
 class DaliStageConfig(_StageBase):
@@ -294,6 +303,9 @@ class DaliStageConfig(_StageBase):
     """Longer chunks are dead-lettered: a chunk is a piece of a stream, not a recording."""
     batching: Batching = Field(default_factory=Batching)
     max_request_bytes: PositiveInt = 16 * 1024 * 1024
+    run_timeout_s: PositiveFloat = 30.0
+    """Bound on one DALI run; a run past it is abandoned on its thread (a fresh thread and
+    pipeline serve later runs) and fails its batch like any DALI error (split, then dead letter)."""
 
 
 class VadSegmentsConfig(_Strict):
@@ -338,7 +350,13 @@ class SequenceStageConfig(_StageBase):
     reorder_window: PositiveInt = 16
     """Chunks that may arrive ahead of a missing one; further ahead is dead-lettered."""
     gap_timeout_s: PositiveFloat = 5.0
-    """How long chunks wait for a missing earlier chunk before they are dead-lettered."""
+    """How long later chunks wait for a missing one before the gap policy applies."""
+    gap_policy: Literal["skip", "fail"] = "skip"
+    """skip: go on without the missing chunk (a ``gap`` result marks it; also when later
+    chunks overflow the reorder window); fail: dead-letter the waiting chunks and close the
+    stream (summary reason "gap")."""
+    max_chunk_seconds: PositiveFloat = 10.0
+    """Longest chunk accepted; longer ones are dead-lettered (bounds one record's work)."""
     ended_retention_s: PositiveFloat = 600.0
     """How long an ended stream is remembered, so late duplicates are recognised."""
     max_streams: PositiveInt | None = None
@@ -347,6 +365,9 @@ class SequenceStageConfig(_StageBase):
     max_pending_requests: PositiveInt = 4096
     retry: RetryConfig = Field(default_factory=RetryConfig)
     """Retries of a failed Triton call (outages wait without counting attempts)."""
+    call_timeout_s: PositiveFloat = 30.0
+    """Client-side bound on one Triton call (one frame); a timeout while Triton does not
+    answer its readiness probe is an outage (waits, nothing dead-lettered)."""
     postprocess: VadSegmentsConfig | None = None
     """What to emit besides each chunk's outputs; null = chunk results only."""
 
@@ -401,6 +422,9 @@ class Topology(_Strict):
     """Seconds between metric snapshots."""
     http_port: int = Field(default=0, ge=0, le=65535)
     """Port of the health/metrics HTTP endpoint; 0 = any free port."""
+    drain_timeout_s: PositiveFloat = 30.0
+    """SIGTERM: how long the process may take to finish, commit and close; work still
+    unfinished then is abandoned uncommitted (its records are replayed by the next owner)."""
     inputs: list[str] | None = None
     """Graph topologies: the request's tensors (topology-wide names)."""
     outputs: list[str] | None = None

@@ -12,6 +12,14 @@ UNLOADING the failure is an *outage* (a reload in progress: wait); a model that
 has settled not loaded is *permanent* (``model-unavailable``: loading it is a
 person's decision, not a retry's); a failure whose index read already says READY
 lost that race and is *transient*.
+
+Hangs: every call carries a client deadline (the stage's ``call_timeout_s``), so a
+Triton that stops answering (process stopped, deadlocked) ends each call with
+``DEADLINE_EXCEEDED``. That status alone cannot tell a hung server from a slow
+model, so the readiness probe decides: no answer within the probe timeout is an
+*outage* (the batch waits, consumption pauses, nothing is dead-lettered); a
+ready server that was merely too slow is *transient* (retried, then
+``deadline-exceeded``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,14 @@ from tritonclient.utils import InferenceServerException
 from pipeline.contract.errors import ErrorClass
 from pipeline.failure_policy import Failure, FailureKind
 
-TRANSIENT_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED")
+TRANSIENT_STATUSES = (
+    "StatusCode.UNAVAILABLE",
+    "StatusCode.DEADLINE_EXCEEDED",
+    "StatusCode.RESOURCE_EXHAUSTED",
+    # A server that was stopped (SIGSTOP) and resumed cancels calls whose deadline passed
+    # meanwhile: observed as "[StatusCode.CANCELLED]" with no message. Not the request's fault.
+    "StatusCode.CANCELLED",
+)
 _OUTAGE_MARKERS = ("failed to connect", "connection refused", "socket closed", "connection reset", "connect failed")
 _PROBE_TIMEOUT_S = 2.0
 
@@ -30,10 +45,18 @@ _PROBE_TIMEOUT_S = 2.0
 class TritonFailureClassifier:
     """Turn an exception from ``client.infer`` for ``model`` into a :class:`Failure`."""
 
-    def __init__(self, client: triton_aio.InferenceServerClient, model: str, model_version: str = "") -> None:
+    def __init__(
+        self,
+        client: triton_aio.InferenceServerClient,
+        model: str,
+        model_version: str = "",
+        *,
+        probe_timeout_s: float = _PROBE_TIMEOUT_S,
+    ) -> None:
         self.client = client
         self.model = model
         self.model_version = model_version
+        self.probe_timeout_s = probe_timeout_s
 
     async def classify(self, exc: BaseException) -> Failure:
         if not isinstance(exc, InferenceServerException):
@@ -42,6 +65,10 @@ class TritonFailureClassifier:
         status = str(exc.status() or "")
         if is_connection_failure(status, message):
             return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
+        if is_overload(status, message):
+            # Queue full / resource exhausted: backpressure from a live server, not the
+            # request's fault; wait (consumer paused) instead of spending attempts.
+            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, f"Triton overloaded: {message}")
         error_class = error_class_of(status, message)
         if error_class is ErrorClass.MODEL_UNAVAILABLE:
             states = await self.model_states()
@@ -53,7 +80,7 @@ class TritonFailureClassifier:
                 # It became ready between the failure and the index read: try again.
                 return Failure(FailureKind.TRANSIENT, error_class, f"{message} (model {self.model} is ready again)")
         if not await self.server_ready():
-            # Unreachable, starting or shutting down: the server's problem, not the request's.
+            # Unreachable, hung, starting or shutting down: the server's problem, not the request's.
             return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
         if error_class is ErrorClass.MODEL_UNAVAILABLE:
             reason = f"model {self.model!r} is not loaded on Triton: {message}"
@@ -65,7 +92,7 @@ class TritonFailureClassifier:
         """The states of this model's versions (the pinned one only) in the repository
         index; ``None`` when the index cannot be read."""
         try:
-            index = await self.client.get_model_repository_index(client_timeout=_PROBE_TIMEOUT_S)
+            index = await self.client.get_model_repository_index(client_timeout=self.probe_timeout_s)
         except InferenceServerException:
             return None
         return {
@@ -76,7 +103,7 @@ class TritonFailureClassifier:
 
     async def server_ready(self) -> bool:
         try:
-            return bool(await self.client.is_server_ready(client_timeout=_PROBE_TIMEOUT_S))
+            return bool(await self.client.is_server_ready(client_timeout=self.probe_timeout_s))
         except InferenceServerException:
             return False
 
@@ -85,6 +112,12 @@ def is_connection_failure(status: str, message: str) -> bool:
     """True when gRPC says nothing answered (as opposed to Triton answering "no")."""
     text = message.lower()
     return status == "StatusCode.UNAVAILABLE" and any(m in text for m in _OUTAGE_MARKERS)
+
+
+def is_overload(status: str, message: str) -> bool:
+    """Triton's dynamic batcher queue is full (``max_queue_size``), or gRPC resources ran out."""
+    text = message.lower()
+    return status == "StatusCode.RESOURCE_EXHAUSTED" or "exceeds maximum queue size" in text or "queue is full" in text
 
 
 def error_class_of(status: str, message: str) -> ErrorClass:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
+from pipeline.contract.payload import ParamValue
 from pipeline.contract.records import Record
-from pipeline.contract.request import encode_request
+from pipeline.contract.request import WireForm, encode_request
 from pipeline.contract.response import decode_response
 from tests.helpers.kafka_io import header
 from tests.helpers.vad_reference import (
@@ -64,11 +66,27 @@ def stream_records(key: str, audio: np.ndarray, chunk_samples: int = CHUNK) -> l
     """One request record per chunk: FP32 ``audio`` at 16 kHz (``sample_rate`` given, so a DALI
     stage passes it through), ``chunk_index``, Triton's sequence flags."""
     pieces = [audio[i : i + chunk_samples] for i in range(0, len(audio), chunk_samples)]
+    return chunk_records(key, pieces, sample_rate=SAMPLE_RATE)
+
+
+def chunk_records(
+    key: str,
+    pieces: Sequence[np.ndarray],
+    *,
+    id_prefix: str | None = None,
+    sample_rate: int | None = None,
+    form: WireForm | str = WireForm.PROTOBUF,
+) -> list[Record]:
+    """One sequence request per piece of ``key``'s stream, in order: ``audio`` (one row),
+    ``chunk_index`` (and ``sample_rate`` when given), sequence start on the first and end
+    on the last; correlation IDs ``<id_prefix or key>/<index>``."""
+    extra: dict[str, ParamValue] = {} if sample_rate is None else {"sample_rate": sample_rate}
     return [
         encode_request(
             {"audio": piece[None, :]},
-            correlation_id=f"{key}/{i}",
-            parameters={"chunk_index": i, "sample_rate": SAMPLE_RATE},
+            correlation_id=f"{id_prefix or key}/{i}",
+            form=form,
+            parameters={"chunk_index": i, **extra},
             sequence_id=key,
             sequence_start=i == 0,
             sequence_end=i == len(pieces) - 1,

@@ -334,17 +334,20 @@ def test_second_process_joins_mid_stream_and_nothing_is_lost(
 ) -> None:
     """Scale-out is more processes in one consumer group: a join rebalances partitions
     while batches are in flight; the revoked side hands back and commits first."""
-    n = 6_000
     topo = write_topology(tmp_path, partitions=4, stage={"warmup": True})
-    records, features = _requests(n, seed=4, prefix="scale")
+    records, features = _requests(12_000, seed=4, prefix="scale")
     with pipeline_process(topo, cli_env, tmp_path, stage="classify") as first:
-        producer = threading.Thread(
-            target=lambda: asyncio.run(produce(kafka_bootstrap, topo.input_topic, records, rate=1_000))
-        )
-        producer.start()
-        time.sleep(2)
+        asyncio.run(produce(kafka_bootstrap, topo.input_topic, records[:2_000], rate=1_000))
         with pipeline_process(topo, cli_env, tmp_path, stage="classify") as second:
-            producer.join(timeout=60)
+            # Keep the stream flowing until the rebalance gave the second process work: how long
+            # that takes depends on the machine's load, so the test waits for it, not a clock
+            # (bounded: 60 s, then the test fails below with "got no work").
+            n, deadline = 2_000, time.monotonic() + 60
+            while n < len(records) and time.monotonic() < deadline:
+                asyncio.run(produce(kafka_bootstrap, topo.input_topic, records[n : n + 500], rate=1_000))
+                n += 500
+                if second.metric("pipeline_results_total") > 0 and n >= 6_000:
+                    break
             out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=120)
             shares = (first.metric("pipeline_results_total"), second.metric("pipeline_results_total"))
             assert second.terminate() == 0, second.log()

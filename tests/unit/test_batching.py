@@ -42,3 +42,14 @@ def test_due_after_max_delay_from_the_oldest_item() -> None:
     [batch] = batcher.due(now=100.0051)
     assert batch.items == ["a", "b"]
     assert batcher.next_due() is None
+
+
+def test_a_batch_is_released_by_bytes_before_rows() -> None:
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=64, max_delay_s=10.0, max_bytes=100)
+    assert batcher.add("k", "a", 1, now=0.0, size=60) == []
+    released = batcher.add("k", "b", 1, now=0.0, size=60)  # 120 > 100: "a" goes first, alone
+    assert [b.items for b in released] == [["a"]]
+    assert [b.items for b in batcher.add("k", "c", 1, now=0.0, size=40)] == []  # b + c = 100: fits
+    huge = batcher.add("k", "d", 1, now=0.0, size=500)  # b + c leave; d alone is over the limit
+    assert [b.items for b in huge] == [["b", "c"], ["d"]]
+    assert len(batcher) == 0

@@ -93,3 +93,19 @@ def test_random_completion_order_never_reorders_or_commits_early(n: int, seed: i
             assert all(o in acknowledged for o in range(commit))
     assert emitted == list(range(n))
     assert ledger.committable() == {TP: n}
+
+
+def test_pending_bytes_follow_acknowledgement_and_forgetting() -> None:
+    offsets: OrderedOffsets[str] = OrderedOffsets()
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    first = offsets.add(a, 0, size=1000)
+    second = offsets.add(a, 1, size=24)
+    offsets.add(b, 0, size=5)
+    assert offsets.pending_bytes() == 1029
+    second.output = first.output = "out"
+    offsets.acknowledge(second)  # not the head yet: nothing popped
+    assert offsets.pending_bytes() == 1029
+    offsets.acknowledge(first)
+    assert offsets.pending_bytes() == 5
+    offsets.forget(b)
+    assert offsets.pending_bytes() == 0

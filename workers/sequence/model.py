@@ -29,6 +29,7 @@ from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
 from pipeline.triton.client import aio_client
 from pipeline.triton.failures import TritonFailureClassifier
+from workers.sequence.state import StreamState
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class SequenceModel:
         state_map: Mapping[str, str] | None = None,
         max_inflight: int = 64,
         retry: RetryPolicy | None = None,
+        call_timeout_s: float = 30.0,
     ) -> None:
         self.settings = settings
         self.model = model
@@ -61,6 +63,8 @@ class SequenceModel:
         self.requested_input = model_input
         self.state_map = dict(state_map or {})
         self.retry = retry or RetryPolicy()
+        self.call_timeout_s = call_timeout_s
+        """Client deadline of one frame's call: a hung Triton times out and is classified an outage."""
         self.description: ModelDescription | None = None
         self.model_input = ""
         self.frame_size = 0
@@ -86,7 +90,9 @@ class SequenceModel:
         self.description, self.model_input, self.frame_size = d, name, spec.shape[0]
         assert self.settings.grpc_url
         self._client = aio_client(self.settings)
-        self._classifier = TritonFailureClassifier(self._client, self.model, self.model_version)
+        self._classifier = TritonFailureClassifier(
+            self._client, self.model, self.model_version, probe_timeout_s=min(2.0, self.call_timeout_s)
+        )
         return d
 
     async def close(self) -> None:
@@ -136,6 +142,7 @@ class SequenceModel:
                         sequence_id=sequence_id(stream.key),
                         sequence_start=start,
                         sequence_end=end,
+                        client_timeout=self.call_timeout_s,
                     )
             except BaseException:
                 stream.live_in_triton = False  # whatever happened, resume with explicit state
@@ -147,6 +154,45 @@ class SequenceModel:
         return await call_with_retry(
             attempt, self._classifier.classify, self.retry, label=f"model {self.model}", on_retry=on_retry
         )
+
+
+    async def infer_frames(
+        self,
+        stream: StreamHandle,
+        work: StreamState,
+        frames: list[np.ndarray],
+        *,
+        ending: bool,
+        on_retry: Callable[[Failure], None] | None = None,
+    ) -> list[dict[str, np.ndarray]]:
+        """A chunk's frames in order; ``work`` (the stream's state being built) gets each
+        frame's state outputs and its frame count. Raises :class:`GaveUp` on the first
+        frame the policy gives up on."""
+        results = []
+        for i, window in enumerate(frames):
+            output = await self.infer(
+                stream,
+                window,
+                resume_state=work.model_state,
+                resuming=work.frames_done > 0,
+                end=ending and i == len(frames) - 1,
+                on_retry=on_retry,
+            )
+            for state_output in self.state_map.values():
+                work.model_state[state_output] = np.asarray(output[state_output], dtype=np.float32)
+            work.frames_done += 1
+            results.append(output)
+        return results
+
+    def frame_tensors(self, work: StreamState, outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """A chunk result's tensors: each reported output stacked over the chunk's frames,
+        and the frames' indices in the stream."""
+        tensors = {
+            name: np.stack([np.asarray(o[name]) for o in outputs]) if outputs else np.zeros((0,), np.float32)
+            for name in self.result_outputs
+        }
+        tensors["frame_index"] = np.arange(work.frames_done - len(outputs), work.frames_done, dtype=np.int64)
+        return tensors
 
 
 def sequence_id(key: bytes) -> int:

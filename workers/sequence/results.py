@@ -74,3 +74,9 @@ class ResultWriter:
 
     def emission(self, origin: Origin, emission: Emission) -> OutRecord:
         return self.result(origin, emission.tensors, emission.parameters, emission.kind)
+
+
+def gap_emission(missing: list[int]) -> Emission:
+    """The ``gap`` result: chunks the stream went on without (``missing_chunks``)."""
+    tensors = {"missing_chunks": np.array(missing, dtype=np.int64)}
+    return Emission("gap", tensors, {"chunk_index": missing[0], "missing": len(missing)})

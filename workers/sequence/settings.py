@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pipeline.failure_policy import RetryPolicy
 from workers.sequence.postprocess import VadSettings
@@ -26,9 +27,16 @@ class SequenceSettings:
     max_inflight_requests: int = 64
     reorder_window: int = 16
     gap_timeout_s: float = 5.0
+    gap_policy: Literal["skip", "fail"] = "skip"
+    """A chunk still missing after gap_timeout_s, or when later chunks overflow the reorder
+    window: ``skip`` it (a ``gap`` result marks it, the stream goes on) or ``fail`` the stream."""
+    max_chunk_seconds: float = 10.0
+    """Longest chunk accepted (bounds the frames, so the Triton calls, one record costs)."""
     ended_retention_s: float = 600.0
     max_streams: int | None = None
     """Live streams one worker holds; beyond it the idlest are closed ("evicted")."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    call_timeout_s: float = 30.0
+    """Client deadline of one Triton call (a hung Triton times out into an outage wait)."""
     vad: VadSettings | None = None
     """The ``vad_segments`` post-processor's settings; None: chunk results only."""

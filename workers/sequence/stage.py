@@ -24,49 +24,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from aiokafka.structs import TopicPartition
 
 from pipeline.contract.errors import BadRequest, ErrorClass
-from pipeline.failure_policy import Failure, GaveUp
+from pipeline.failure_policy import GaveUp
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings, TritonSettings
-from pipeline.state import StateLimits
-from workers.base import StageIO, StreamStage
+from workers.base import StageIO
+from workers.event_time import EventTimeClock
 from workers.sequence.chunks import CHUNK_INDEX, Chunk, Placement, parse_chunk, placement
-from workers.sequence.model import SequenceModel, StreamHandle
-from workers.sequence.postprocess import NoPostProcessing, PostProcessor, VadSegments
-from workers.sequence.results import Origin, ResultWriter
+from workers.sequence.model import SequenceModel
+from workers.sequence.postprocess import Emission, NoPostProcessing, PostProcessor, VadSegments
+from workers.sequence.results import Origin, ResultWriter, gap_emission
 from workers.sequence.settings import SequenceSettings
 from workers.sequence.state import StreamState, StreamStateCodec, frame
+from workers.sequence.streams import SKIP_GAP, Stream, StreamTable
+from workers.stateful import StatefulStage
 
 log = logging.getLogger(__name__)
 
 _SWEEP_S = 0.5
 
 
-@dataclass
-class _Stream:
-    """In-memory side of a stream: its queue of chunks and its worker task."""
-
-    handle: StreamHandle
-    partition: TopicPartition
-    queue: asyncio.Queue[Chunk] = field(default_factory=asyncio.Queue)
-    waiting: dict[int, Chunk] = field(default_factory=dict)  # arrived early, by index
-    task: asyncio.Task[None] | None = None
-    origin: Origin | None = None  # the latest chunk's key/request/headers, for a closing summary
-
-    @property
-    def busy(self) -> bool:
-        return self.task is not None and not self.task.done()
-
-
-class SequenceStage(StreamStage):
+class SequenceStage(StatefulStage):
     """Stateful streams through a Triton sequence model, with Kafka-backed state."""
 
     def __init__(
@@ -89,14 +74,17 @@ class SequenceStage(StreamStage):
             state_map=settings.state_map,
             max_inflight=settings.max_inflight_requests,
             retry=settings.retry,
+            call_timeout_s=settings.call_timeout_s,
         )
         self.idle_timeout_s = settings.idle_timeout_s or 60.0
         self.states = self.keyed_state(
             state_topic, StreamStateCodec(), ttl_s=self.idle_timeout_s, max_keys=settings.max_streams
         )
+        self.clock = EventTimeClock(self.highwater, grace_ms=self.idle_timeout_s * 1000)
+        self.max_samples = int(settings.sample_rate * settings.max_chunk_seconds)
         self.post: PostProcessor = NoPostProcessing()
         self.results = ResultWriter(io, model_name=settings.model)
-        self._streams: dict[bytes, _Stream] = {}
+        self.streams = StreamTable(self._drive, io.stage)
         self._last_sweep = time.monotonic()
 
     # ------------------------------------------------------------------ setup
@@ -104,17 +92,16 @@ class SequenceStage(StreamStage):
         d = await self.model.setup(self.io.stage)
         if self.settings.idle_timeout_s is None:
             idle_us = d.sequence_batching.max_sequence_idle_microseconds if d.sequence_batching else 0
-            self.idle_timeout_s = idle_us / 1e6 if idle_us else 60.0
-            self.states.limits = StateLimits(ttl_s=self.idle_timeout_s, max_keys=self.settings.max_streams)
+            self.idle_timeout_s = self.states.limits.ttl_s = idle_us / 1e6 if idle_us else 60.0
+            self.clock.grace_ms = self.idle_timeout_s * 1000
         if self.settings.vad is not None:
             self.post = VadSegments(
                 self.settings.vad, frame_size=self.model.frame_size, sample_rate=self.settings.sample_rate
             )
         self.results = ResultWriter(self.io, model_name=d.name, model_version=self.model.version)
         log.info(
-            "%s: sequence model %s ready (frames of %d samples at %d Hz, idle %.1fs, state %s)",
-            self.io.stage, d.name, self.model.frame_size, self.settings.sample_rate, self.idle_timeout_s,
-            self.settings.state_map or "in Triton only",
+            "%s: sequence model %s ready (frames of %d samples at %d Hz, idle %.1fs, gaps: %s)", self.io.stage,
+            d.name, self.model.frame_size, self.settings.sample_rate, self.idle_timeout_s, self.settings.gap_policy,
         )
 
     async def teardown(self) -> None:
@@ -122,63 +109,85 @@ class SequenceStage(StreamStage):
 
     # ------------------------------------------------------------------ ownership
     async def restore(self, partitions: list[TopicPartition]) -> None:
-        report = await self.states.restore(tp.partition for tp in partitions)
-        for _ in report.corrupt:
-            self.metrics.state_corrupt.labels(self.io.stage).inc()
-        for stream in self._streams.values():
+        self.clock.assigned(partitions)
+        report = await self.restore_states(partitions)
+        for stream in self.streams:
             stream.handle.live_in_triton = False
         log.info("%s: restored %d stream states for %s", self.io.stage, report.restored, report.partitions)
 
     async def forget(self, partitions: list[TopicPartition]) -> None:
-        gone = set(partitions)
-        for key, stream in list(self._streams.items()):
-            if stream.partition in gone:
-                if stream.task is not None:
-                    stream.task.cancel()
-                del self._streams[key]
-        self.states.forget(tp.partition for tp in partitions)
+        self.streams.cancel(set(partitions))
+        numbers = {tp.partition for tp in partitions}
+        self.states.forget(numbers)
+        self.clock.forget(numbers)
 
     # ------------------------------------------------------------------ per record
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
+        self.clock.observe(record)
         try:
-            chunk = parse_chunk(record, slot, self.settings.input_tensor)
+            chunk = parse_chunk(record, slot, self.settings.input_tensor, self.max_samples)
         except BadRequest as bad:
             self.dead_letter(record, slot, bad.error_class, bad.reason)
             return
         key = record.key or b""
-        stream = self._streams.get(key)
+        stream = self.streams.get(key)
         if stream is None:
             await self._evict_for(key)
-            stream = self._streams[key] = _Stream(StreamHandle(key), TopicPartition(record.topic, record.partition))
+            stream = self.streams.open(key, TopicPartition(record.topic, record.partition))
         self.states.touch(key)  # activity: the idle clock restarts
         stream.origin = Origin.of(chunk)
-        stream.queue.put_nowait(chunk)
-        if not stream.busy:
-            stream.task = asyncio.create_task(self._drive(stream), name=f"{self.io.stage}-stream")
+        self.streams.enqueue(stream, chunk)
 
-    async def _drive(self, stream: _Stream) -> None:
-        """Apply the stream's chunks in index order until its queue is empty."""
+    async def _drive(self, stream: Stream) -> None:
+        """Apply the stream's chunks (and gap skips) in order until its queue is empty."""
         while not stream.queue.empty():
-            await self._place(stream, stream.queue.get_nowait())
+            item = stream.queue.get_nowait()
+            if item is SKIP_GAP:
+                if stream.waiting:
+                    await self._skip_gap(stream)
+            else:
+                await self._place(stream, item)
 
-    async def _place(self, stream: _Stream, chunk: Chunk) -> None:
-        where, reason = placement(self.states.get(stream.handle.key), chunk, stream.waiting, self.settings.reorder_window)
-        if where is Placement.REJECT:
+    async def _place(self, stream: Stream, chunk: Chunk) -> None:
+        key = stream.handle.key
+        where, reason = placement(self.states.get(key), chunk, stream.waiting, self.settings.reorder_window)
+        if where is Placement.OVERFLOW and self.settings.gap_policy == "skip":
+            stream.waiting[chunk.index] = chunk  # the window is full: what is missing is lost
+            while (state := self.states.get(key)) is None or chunk.index - state.next_index > self.settings.reorder_window:
+                await self._skip_gap(stream)
+        elif where in (Placement.REJECT, Placement.OVERFLOW):
             self._reject(chunk, reason)
         elif where is Placement.DUPLICATE:
-            self.metrics.duplicates_dropped.labels(self.io.stage).inc()
-            self.outbox.complete(chunk.slot, ())  # exact duplicate (or too old to differ): nothing to do
+            self.metrics.records_dropped.labels(self.io.stage, reason).inc()
+            self.outbox.complete(chunk.slot, ())  # nothing to do: applied (or waiting) already
         elif where is Placement.WAIT:
             stream.waiting[chunk.index] = chunk  # wait for the gap to fill
         else:
+            if where is Placement.RESTART:
+                self.states.delete(key)  # the key's next stream; its checkpoint replaces the old one
+                stream.handle.live_in_triton = False
             await self._apply(stream, chunk)
-            while (state := self.states.get(stream.handle.key)) is not None and state.next_index in stream.waiting:
-                await self._apply(stream, stream.waiting.pop(state.next_index))
+            await self._apply_waiting(stream)
+
+    async def _apply_waiting(self, stream: Stream) -> None:
+        while (state := self.states.get(stream.handle.key)) is not None and state.next_index in stream.waiting:
+            await self._apply(stream, stream.waiting.pop(state.next_index))
+
+    async def _skip_gap(self, stream: Stream) -> None:
+        """Give up on the chunks missing before the first waiting one: the stream goes on,
+        and the next result carries a ``gap`` result naming them."""
+        key, first = stream.handle.key, min(stream.waiting)
+        state = self.states.get(key) or StreamState(key=key.decode("utf-8", "replace"))
+        stream.gaps += range(state.next_index, first)
+        self.metrics.stream_gaps.labels(self.io.stage).inc(first - state.next_index)
+        state.next_index = first
+        self.states.put(key, state, stream.partition.partition)  # checkpointed with the next chunk
+        await self._apply_waiting(stream)
 
     def _reject(self, chunk: Chunk, reason: str) -> None:
         self.dead_letter(chunk.record, chunk.slot, ErrorClass.MALFORMED_REQUEST, reason)
 
-    async def _apply(self, stream: _Stream, chunk: Chunk) -> None:
+    async def _apply(self, stream: Stream, chunk: Chunk) -> None:
         key, partition = stream.handle.key, chunk.record.partition
         state = self.states.get(key) or StreamState(key=key.decode("utf-8", "replace"))
         work = state.copy()  # kept only when the whole chunk succeeds
@@ -188,7 +197,7 @@ class SequenceStage(StreamStage):
             frames.append(np.pad(work.carry, (0, self.model.frame_size - work.carry.size)))  # last, zero-padded
             work.carry = np.zeros(0, np.float32)
         try:
-            outputs = await self._infer_frames(stream, work, frames, ending)
+            outputs = await self.model.infer_frames(stream.handle, work, frames, ending=ending, on_retry=self.outcomes.retried)
         except GaveUp as gave_up:
             state.remember(chunk.index, chunk.payload)
             state.next_index += 1  # the stream goes on without this chunk; it is dead-lettered
@@ -198,46 +207,17 @@ class SequenceStage(StreamStage):
         work.samples_in += chunk.samples.size
         work.next_index = chunk.index + 1
         work.remember(chunk.index, chunk.payload)
+        work.last_ms = self.clock.timestamp(chunk.record)
         origin = Origin.of(chunk)
-        tensors = self._frame_tensors(work, outputs)
-        records = [self.results.result(origin, tensors, {CHUNK_INDEX: chunk.index}, "chunk")]
-        emissions = self.post.on_frames(work, outputs, chunk_index=chunk.index, ending=ending)
-        records += [self.results.emission(origin, e) for e in emissions]
+        emissions = [gap_emission(stream.gaps)] if stream.gaps else []
+        stream.gaps = []
+        emissions.append(Emission("chunk", self.model.frame_tensors(work, outputs), {CHUNK_INDEX: chunk.index}))
+        emissions += self.post.on_frames(work, outputs, chunk_index=chunk.index, ending=ending)
         work.ended = ending
         ttl = self.settings.ended_retention_s if ending else None
+        records = [self.results.emission(origin, e) for e in emissions]
         records.append(self.states.put(key, work, partition, ttl_s=ttl))
         self.outbox.complete(chunk.slot, tuple(records))
-
-    async def _infer_frames(
-        self, stream: _Stream, work: StreamState, frames: list[np.ndarray], ending: bool
-    ) -> list[dict[str, np.ndarray]]:
-        results = []
-        for i, window in enumerate(frames):
-            results.append(
-                await self.model.infer(
-                    stream.handle,
-                    window,
-                    resume_state=work.model_state,
-                    resuming=work.frames_done > 0,
-                    end=ending and i == len(frames) - 1,
-                    on_retry=self._count_retry,
-                )
-            )
-            for state_output in self.settings.state_map.values():
-                work.model_state[state_output] = np.asarray(results[-1][state_output], dtype=np.float32)
-            work.frames_done += 1
-        return results
-
-    def _count_retry(self, failure: Failure) -> None:
-        self.metrics.triton_retries.labels(self.io.stage).inc()
-
-    def _frame_tensors(self, work: StreamState, outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        tensors = {
-            name: np.stack([np.asarray(o[name]) for o in outputs]) if outputs else np.zeros((0,), np.float32)
-            for name in self.model.result_outputs
-        }
-        tensors["frame_index"] = np.arange(work.frames_done - len(outputs), work.frames_done, dtype=np.int64)
-        return tensors
 
     # ------------------------------------------------------------------ time
     async def tick(self) -> None:
@@ -245,46 +225,59 @@ class SequenceStage(StreamStage):
         if now - self._last_sweep < _SWEEP_S:
             return
         self._last_sweep = now
-        for stream in list(self._streams.values()):
-            self._expire_gap(stream, now)
+        for stream in self.streams:
+            await self._check_gap(stream, now)
         for entry in self.states.due(now):
-            holder = self._streams.get(entry.key)
+            holder = self.streams.get(entry.key)
             if holder is not None and (holder.busy or holder.waiting):
                 self.states.touch(entry.key, ttl_s=_SWEEP_S)  # look again at the next sweep
             elif entry.state.ended:
                 await self._drop(entry.key)
+            elif (quiet := self._quiet_s(entry.state.last_ms, entry.partition)) < self.idle_timeout_s:
+                self.states.touch(entry.key, ttl_s=self.idle_timeout_s - quiet)  # not idle in event time
             else:
                 await self._close_stream(entry.key, entry.state, "idle")
         self.metrics.state_keys.labels(self.io.stage).set(len(self.states))
 
-    def _expire_gap(self, stream: _Stream, now: float) -> None:
+    def _quiet_s(self, last_ms: int, partition: int) -> float:
+        """Event time since a stream's last chunk (a partition with a backlog does not age it)."""
+        return self.clock.since_s(last_ms, [TopicPartition(self.io.input_topic, partition)])
+
+    async def _check_gap(self, stream: Stream, now: float) -> None:
         if not stream.waiting or stream.busy:
             return
         if now - min(c.arrived for c in stream.waiting.values()) <= self.settings.gap_timeout_s:
+            return
+        if self.settings.gap_policy == "skip":
+            self.streams.enqueue(stream, SKIP_GAP)
             return
         state = self.states.get(stream.handle.key)
         expected = state.next_index if state else 0
         for chunk in stream.waiting.values():
             self._reject(chunk, f"chunk {chunk.index} waited {self.settings.gap_timeout_s:.0f}s for missing chunk {expected}")
         stream.waiting.clear()
+        if state is not None:
+            await self._close_stream(stream.handle.key, state, "gap")
 
     async def _close_stream(self, key: bytes, state: StreamState, reason: str) -> None:
-        """No chunk for idle_timeout_s (or evicted): closing results, state marked ended."""
+        """Closed without an end chunk (idle, evicted, failed by a gap): closing results,
+        state marked ended (so later chunks are dead-lettered, not silently started)."""
         log.info("%s: stream %r %s: closing", self.io.stage, state.key, reason)
         state.ended = True
-        stream = self._streams.get(key)
+        stream = self.streams.get(key)
         records: list[OutRecord] = []
         if stream is not None:
             stream.handle.live_in_triton = False
             if stream.origin is not None:
                 records += [self.results.emission(stream.origin, e) for e in self.post.on_close(state, reason)]
-        partition = self.states.entry(key).partition  # type: ignore[union-attr]
-        records.append(self.states.put(key, state, partition, ttl_s=self.settings.ended_retention_s))
+        entry = self.states.entry(key)
+        assert entry is not None, "only streams with state are closed"
+        records.append(self.states.put(key, state, entry.partition, ttl_s=self.settings.ended_retention_s))
         await self.produce_all_unowned(records)
-        self.metrics.idle_closed.labels(self.io.stage).inc()
+        self.metrics.streams_closed.labels(self.io.stage, reason).inc()
 
     async def _drop(self, key: bytes) -> None:
-        self._streams.pop(key, None)
+        self.streams.pop(key)
         tombstone = self.states.delete(key)
         if tombstone is not None:
             await self.produce_all_unowned([tombstone])
@@ -292,7 +285,7 @@ class SequenceStage(StreamStage):
     async def _evict_for(self, key: bytes) -> None:
         """A new stream: evict the idlest ones first when ``max_streams`` are held."""
         for entry in self.states.make_room(key):
-            stream = self._streams.get(entry.key)
+            stream = self.streams.get(entry.key)
             if stream is not None and stream.busy:
                 continue  # never evict a stream while its chunk is being applied
             if not entry.state.ended:
@@ -302,10 +295,6 @@ class SequenceStage(StreamStage):
 
     async def release(self, partitions: list[TopicPartition] | None = None) -> None:
         """Finish the chunks being applied; chunks waiting for a gap are left to be replayed."""
-        wanted = None if partitions is None else set(partitions)
-        tasks = [
-            s.task for s in self._streams.values()
-            if s.task is not None and s.busy and (wanted is None or s.partition in wanted)
-        ]
+        tasks = self.streams.running(None if partitions is None else set(partitions))
         if tasks:
             await asyncio.wait(tasks, timeout=self.io.drain_timeout_s)

@@ -40,6 +40,11 @@ class StreamState:
     """The post-processor's JSON-able state (replaced, never changed in place)."""
     ended: bool = False
     digests: OrderedDict[int, str] = field(default_factory=OrderedDict)
+    last_ms: int = 0
+    """Event time (record timestamp) of the last chunk applied: idleness is judged by it."""
+    first_digest: str | None = None
+    """Digest of chunk 0, kept for the stream's life: after the stream ended, chunk 0 with
+    sequence_start again is a replay when it matches, else the key's next stream."""
 
     def copy(self) -> StreamState:
         """A copy to work on: arrays and the post dict are replaced, never changed in
@@ -48,6 +53,8 @@ class StreamState:
 
     def remember(self, index: int, payload: bytes) -> None:
         self.digests[index] = chunk_digest(payload)
+        if index == 0:
+            self.first_digest = self.digests[0]
         while len(self.digests) > DIGEST_MEMORY:
             self.digests.popitem(last=False)
 
@@ -79,6 +86,8 @@ class StreamStateCodec:
             "post": state.post,
             "ended": state.ended,
             "digests": [[i, d] for i, d in state.digests.items()],
+            "last_ms": state.last_ms,
+            "first_digest": state.first_digest,
         }
 
     def from_dict(self, data: dict[str, Any], version: int) -> StreamState:
@@ -93,6 +102,8 @@ class StreamStateCodec:
             post=dict(post),
             ended=bool(data["ended"]),
             digests=OrderedDict((int(i), str(d)) for i, d in data["digests"]),
+            last_ms=int(data.get("last_ms", 0)),
+            first_digest=data.get("first_digest"),
         )
 
 

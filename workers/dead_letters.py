@@ -1,0 +1,57 @@
+"""Dead-letter records: the original key, value and headers, byte for byte, plus why.
+
+Every path that gives a record up builds its dead letter here (a bad request, a
+failed call, a join window that closed, a state record that did not decode), so
+they all carry the same ``error-*`` headers (docs/message-contract.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from pipeline.contract.errors import ErrorClass, one_line
+from pipeline.contract.records import dead_letter_headers
+from pipeline.kafka.outbox import OutRecord
+from pipeline.state import RestoreReport
+
+
+def dead_letter_record(
+    *,
+    stage: str,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes]],
+    error_class: ErrorClass | str,
+    reason: str,
+    request_timestamp_ms: int | None = None,
+) -> OutRecord:
+    error = ErrorClass(error_class)
+    return OutRecord(
+        topic=topic,
+        key=key,
+        value=value,
+        headers=dead_letter_headers(
+            list(headers), stage=stage, error_class=error, reason=one_line(reason), now_ms=int(time.time() * 1000)
+        ),
+        dead_letter=True,
+        error_class=error.value,
+        request_timestamp_ms=request_timestamp_ms,
+    )
+
+
+def corrupt_state_records(stage: str, topic: str, report: RestoreReport) -> list[OutRecord]:
+    """One dead letter per state record that did not decode on restore (key and value as stored)."""
+    return [
+        dead_letter_record(
+            stage=stage,
+            topic=topic,
+            key=key,
+            value=value,
+            headers=[],
+            error_class=ErrorClass.CORRUPT_STATE,
+            reason=f"state record in partition {partition}: {reason}; the key starts fresh",
+        )
+        for key, value, partition, reason in report.corrupt
+    ]

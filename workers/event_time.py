@@ -1,0 +1,80 @@
+"""Event time per input partition: how far each partition's records have come.
+
+Windows and idle timeouts are judged in *event time* (record timestamps), not by
+when records happen to arrive: after a Triton outage, a pause, or a worker far
+behind, a backlog of old records must not close joins or streams that were alive
+when those records were written.
+
+The watermark of a partition is the timestamp of the last record handled from
+it, or "now" when nothing is left to read (a caught-up partition cannot bring
+anything older). Right after an assignment, a partition nothing was read from
+counts as behind for ``grace_ms``, so its backlog is read before it is trusted.
+Timestamps more than ``max_future_ms`` ahead of the wall clock are clamped: one
+record stamped next year must not close every window at once, nor open one that
+never closes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from aiokafka.structs import TopicPartition
+
+from pipeline.kafka.records import ConsumedRecord
+
+HighWater = Callable[[TopicPartition], int | None]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class EventTimeClock:
+    """Watermarks of the input partitions one stage consumes."""
+
+    def __init__(self, highwater: HighWater, *, grace_ms: float, max_future_ms: float = 60_000) -> None:
+        self.highwater = highwater
+        self.grace_ms = grace_ms
+        self.max_future_ms = max_future_ms
+        self._event_time: dict[TopicPartition, int] = {}
+        self._last_offset: dict[TopicPartition, int] = {}
+        self._assigned_at: dict[TopicPartition, int] = {}
+
+    def timestamp(self, record: ConsumedRecord) -> int:
+        """The record's event time, clamped to at most ``max_future_ms`` ahead of now."""
+        return min(record.timestamp, now_ms() + int(self.max_future_ms))
+
+    def observe(self, record: ConsumedRecord) -> int:
+        """A record of its partition was handled; returns its (clamped) event time."""
+        tp = TopicPartition(record.topic, record.partition)
+        stamp = self.timestamp(record)
+        self._event_time[tp] = max(stamp, self._event_time.get(tp, stamp))
+        self._last_offset[tp] = record.offset
+        return stamp
+
+    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        at = now_ms()
+        for tp in partitions:
+            self._assigned_at[tp] = at
+
+    def forget(self, numbers: set[int]) -> None:
+        for table in (self._event_time, self._last_offset, self._assigned_at):
+            for tp in [tp for tp in table if tp.partition in numbers]:
+                del table[tp]
+
+    def watermark(self, partitions: Iterable[TopicPartition]) -> int:
+        """Event time every one of ``partitions`` has reached (the minimum)."""
+        now = now_ms()
+        return min((now if not self._behind(tp, now) else self._event_time.get(tp, 0)) for tp in partitions)
+
+    def since_s(self, event_ms: int, partitions: Iterable[TopicPartition]) -> float:
+        """Seconds of event time between ``event_ms`` and the partitions' watermark."""
+        return max(0.0, (self.watermark(partitions) - event_ms) / 1000)
+
+    def _behind(self, tp: TopicPartition, now: int) -> bool:
+        last = self._last_offset.get(tp)
+        if last is None:
+            return now - self._assigned_at.get(tp, 0) < self.grace_ms
+        high = self.highwater(tp)
+        return high is not None and high > last + 1

@@ -1,0 +1,42 @@
+"""A stage with keyed state (sequences, joins): the one way such a stage holds state.
+
+Its state lives in a :class:`pipeline.state.KeyedStateStore` checkpointed to a
+compacted topic co-partitioned with its inputs (checked at start). On assignment
+the store restores the partitions before any of their records is handled; state
+records that do not decode are dead-lettered here and their keys start fresh.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, TypeVar
+
+from aiokafka.structs import TopicPartition
+
+from pipeline.state import KeyedStateStore, RestoreReport, StateCodec, StateLimits
+from workers.base import StreamStage
+from workers.dead_letters import corrupt_state_records
+
+S = TypeVar("S")
+
+
+class StatefulStage(StreamStage, abc.ABC):
+    states: KeyedStateStore[Any]
+
+    def keyed_state(
+        self, topic: str, codec: StateCodec[S], *, ttl_s: float, max_keys: int | None
+    ) -> KeyedStateStore[S]:
+        """This stage's keyed state, checkpointed to ``topic`` (see :mod:`pipeline.state`)."""
+        return KeyedStateStore(kafka=self.kafka, topic=topic, codec=codec, limits=StateLimits(ttl_s, max_keys))
+
+    async def restore_states(self, partitions: list[TopicPartition]) -> RestoreReport:
+        """Load the states of ``partitions``; dead-letter (and count) records that do not decode."""
+        report = await self.states.restore(tp.partition for tp in partitions)
+        letters = corrupt_state_records(self.io.stage, self.io.dead_letter_topic, report)
+        if letters:
+            self.metrics.state_corrupt.labels(self.io.stage).inc(len(letters))
+            await self.produce_all_unowned(letters)
+        return report
+
+    def copartitioned_topics(self) -> list[str]:
+        return [*super().copartitioned_topics(), self.states.topic]
