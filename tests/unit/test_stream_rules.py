@@ -27,6 +27,13 @@ def _chunk(index: int, payload: bytes = b"x", *, start: bool = False) -> Chunk:
     return Chunk(record, None, request, index, np.zeros(1, np.float32))  # type: ignore[arg-type]
 
 
+def _skipped(start: int, stop: int) -> StreamState:
+    state = StreamState(key="k", next_index=start)
+    state.skip(start, stop)
+    assert state.next_index == stop
+    return state
+
+
 def _state(next_index: int, *, ended: bool = False, applied: dict[int, bytes] | None = None) -> StreamState:
     state = StreamState(key="k", next_index=next_index, ended=ended)
     for i, payload in (applied or {}).items():
@@ -44,6 +51,7 @@ def _state(next_index: int, *, ended: bool = False, applied: dict[int, bytes] | 
         (_state(5, applied={4: b"x"}), _chunk(4, b"x"), {}, (Placement.DUPLICATE, "duplicate-chunk")),
         (_state(5, applied={4: b"x"}), _chunk(4, b"y"), {}, Placement.REJECT),  # conflicting
         (_state(100), _chunk(4), {}, (Placement.DUPLICATE, "old-chunk-unverifiable")),
+        (_skipped(2, 2**40), _chunk(5), {}, Placement.REJECT),  # arrived after its gap was skipped
         (_state(5), _chunk(7, b"a"), {7: _chunk(7, b"a")}, (Placement.DUPLICATE, "duplicate-chunk")),
         (_state(5), _chunk(7, b"b"), {7: _chunk(7, b"a")}, Placement.REJECT),
         (_state(9, ended=True), _chunk(9), {}, Placement.REJECT),  # after the end

@@ -52,12 +52,12 @@ def parse_chunk(record: ConsumedRecord, slot: Slot[Outputs], input_tensor: str, 
     headers = list(record.headers or ())
     request = decode_request(record.value, headers)
     raw_index = request.parameters.get(CHUNK_INDEX, h.get_header(headers, "chunk-index"))
-    try:
-        index = int(raw_index)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise BadRequest(ErrorClass.MALFORMED_REQUEST, f"missing or invalid {CHUNK_INDEX!r} parameter") from None
-    if index < 0 or isinstance(raw_index, bool):
-        raise BadRequest(ErrorClass.MALFORMED_REQUEST, f"{CHUNK_INDEX} must be a non-negative integer")
+    # An integer parameter, or a header of decimal digits; never 1.5 truncated to 1, nor bool.
+    if isinstance(raw_index, str) and raw_index.isascii() and raw_index.isdigit():
+        raw_index = int(raw_index)
+    if not isinstance(raw_index, int) or isinstance(raw_index, bool) or raw_index < 0:
+        raise BadRequest(ErrorClass.MALFORMED_REQUEST, f"{CHUNK_INDEX} must be a non-negative integer, got {raw_index!r}")
+    index = raw_index
     tensor = request.inputs.get(input_tensor)
     if tensor is None:
         raise BadRequest(ErrorClass.MISSING_INPUT, f"chunk has no {input_tensor!r} tensor")
@@ -97,6 +97,8 @@ def placement(
         return Placement.RESTART, ""
     if chunk.index < expected:
         assert state is not None
+        if state.was_skipped(chunk.index):
+            return Placement.REJECT, f"chunk {chunk.index} arrived after the stream went on without it (a gap)"
         same = state.is_exact_duplicate(chunk.index, payload)
         if same is False:
             return Placement.REJECT, f"chunk {chunk.index} conflicts with the chunk already applied at that index"

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException
 
+from pipeline.contract.errors import ErrorClass
 from pipeline.errors import ConfigError
-from pipeline.failure_policy import Failure, RetryPolicy, call_with_retry
+from pipeline.failure_policy import Failure, FailureKind, RetryPolicy, call_with_retry
 from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
 from pipeline.triton.client import aio_client
@@ -71,6 +73,15 @@ class SequenceModel:
         self._client: triton_aio.InferenceServerClient | None = None
         self._classifier: TritonFailureClassifier | None = None
         self._slots = asyncio.Semaphore(max_inflight)
+
+    async def _classify(self, exc: BaseException) -> Failure:
+        if _forgot_sequence(exc):
+            # The stream is already marked not live: the retry sends START with the checkpointed
+            # state, exactly as after a worker restart (docs/streaming.md).
+            reason = "Triton no longer holds the sequence; resumed with START and the checkpointed state"
+            return Failure(FailureKind.TRANSIENT, ErrorClass.INFERENCE_FAILED, reason)
+        assert self._classifier is not None
+        return await self._classifier.classify(exc)
 
     async def setup(self, label: str) -> ModelDescription:
         """Describe the model and check it can serve streams; returns its description."""
@@ -152,7 +163,7 @@ class SequenceModel:
             return {o.name: response.as_numpy(o.name)[0] for o in self.description.outputs}
 
         return await call_with_retry(
-            attempt, self._classifier.classify, self.retry, label=f"model {self.model}", on_retry=on_retry
+            attempt, self._classify, self.retry, label=f"model {self.model}", on_retry=on_retry
         )
 
 
@@ -193,6 +204,11 @@ class SequenceModel:
         }
         tensors["frame_index"] = np.arange(work.frames_done - len(outputs), work.frames_done, dtype=np.int64)
         return tensors
+
+
+def _forgot_sequence(exc: BaseException) -> bool:
+    """Triton dropped the sequence (its idle timeout reclaimed the slot) and wants START again."""
+    return isinstance(exc, InferenceServerException) and "must specify the START flag" in str(exc.message() or "")
 
 
 def sequence_id(key: bytes) -> int:

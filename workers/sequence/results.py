@@ -76,7 +76,8 @@ class ResultWriter:
         return self.result(origin, emission.tensors, emission.parameters, emission.kind)
 
 
-def gap_emission(missing: list[int]) -> Emission:
-    """The ``gap`` result: chunks the stream went on without (``missing_chunks``)."""
-    tensors = {"missing_chunks": np.array(missing, dtype=np.int64)}
-    return Emission("gap", tensors, {"chunk_index": missing[0], "missing": len(missing)})
+def gap_emission(start: int, stop: int) -> Emission:
+    """The ``gap`` result: chunks ``start`` to ``stop - 1`` the stream went on without
+    (``missing_chunks`` = [start, stop): a range, since a gap may be huge)."""
+    tensors = {"missing_chunks": np.array([start, stop], dtype=np.int64)}
+    return Emission("gap", tensors, {"chunk_index": start, "missing": stop - start})

@@ -178,9 +178,9 @@ class SequenceStage(StatefulStage):
         and the next result carries a ``gap`` result naming them."""
         key, first = stream.handle.key, min(stream.waiting)
         state = self.states.get(key) or StreamState(key=key.decode("utf-8", "replace"))
-        stream.gaps += range(state.next_index, first)
+        stream.gaps.append((state.next_index, first))
         self.metrics.stream_gaps.labels(self.io.stage).inc(first - state.next_index)
-        state.next_index = first
+        state.skip(state.next_index, first)
         self.states.put(key, state, stream.partition.partition)  # checkpointed with the next chunk
         await self._apply_waiting(stream)
 
@@ -209,7 +209,7 @@ class SequenceStage(StatefulStage):
         work.remember(chunk.index, chunk.payload)
         work.last_ms = self.clock.timestamp(chunk.record)
         origin = Origin.of(chunk)
-        emissions = [gap_emission(stream.gaps)] if stream.gaps else []
+        emissions = [gap_emission(start, stop) for start, stop in stream.gaps]
         stream.gaps = []
         emissions.append(Emission("chunk", self.model.frame_tensors(work, outputs), {CHUNK_INDEX: chunk.index}))
         emissions += self.post.on_frames(work, outputs, chunk_index=chunk.index, ending=ending)

@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.state.codec import pack_array, unpack_array
 
 DIGEST_MEMORY = 64  # applied chunks remembered per stream for duplicate detection
+SKIPPED_MEMORY = 16  # gap ranges remembered per stream
 
 
 @dataclass
@@ -42,6 +43,9 @@ class StreamState:
     digests: OrderedDict[int, str] = field(default_factory=OrderedDict)
     last_ms: int = 0
     """Event time (record timestamp) of the last chunk applied: idleness is judged by it."""
+    skipped: list[tuple[int, int]] = field(default_factory=list)
+    """The last ``SKIPPED_MEMORY`` ranges [start, stop) of chunk indices the stream went on
+    without (a gap): such a chunk arriving late is dead-lettered, not mistaken for a replay."""
     first_digest: str | None = None
     """Digest of chunk 0, kept for the stream's life: after the stream ended, chunk 0 with
     sequence_start again is a replay when it matches, else the key's next stream."""
@@ -57,6 +61,15 @@ class StreamState:
             self.first_digest = self.digests[0]
         while len(self.digests) > DIGEST_MEMORY:
             self.digests.popitem(last=False)
+
+    def skip(self, start: int, stop: int) -> None:
+        """The stream goes on without chunks ``start`` to ``stop - 1`` (a range: it may be huge)."""
+        self.skipped.append((start, stop))
+        del self.skipped[:-SKIPPED_MEMORY]
+        self.next_index = stop
+
+    def was_skipped(self, index: int) -> bool:
+        return any(start <= index < stop for start, stop in self.skipped)
 
     def is_exact_duplicate(self, index: int, payload: bytes) -> bool | None:
         """True/False for a remembered index; None when it is too old to tell."""
@@ -87,6 +100,7 @@ class StreamStateCodec:
             "ended": state.ended,
             "digests": [[i, d] for i, d in state.digests.items()],
             "last_ms": state.last_ms,
+            "skipped": [list(r) for r in state.skipped],
             "first_digest": state.first_digest,
         }
 
@@ -103,6 +117,7 @@ class StreamStateCodec:
             ended=bool(data["ended"]),
             digests=OrderedDict((int(i), str(d)) for i, d in data["digests"]),
             last_ms=int(data.get("last_ms", 0)),
+            skipped=[(int(a), int(b)) for a, b in data.get("skipped", [])],
             first_digest=data.get("first_digest"),
         )
 

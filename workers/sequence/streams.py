@@ -30,7 +30,7 @@ class Stream:
     waiting: dict[int, Chunk] = field(default_factory=dict)  # arrived early, by index
     task: asyncio.Task[None] | None = None
     origin: Origin | None = None  # the latest chunk's key/request/headers, for a closing summary
-    gaps: list[int] = field(default_factory=list)  # skipped indices, reported with the next result
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # skipped [start, stop), reported with the next result
 
     @property
     def busy(self) -> bool:
