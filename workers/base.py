@@ -121,7 +121,7 @@ class StreamStage(abc.ABC):
         # revocation; they wait, or are left to the partition's next owner.
         self._owned: set[TopicPartition] = set()
         # getmany that turns undecodable records into dead-letter stand-ins instead of a crash loop.
-        self._fetch = UnreadableRecords(kafka)
+        self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""

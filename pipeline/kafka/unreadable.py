@@ -41,6 +41,7 @@ place is raised after three tries in a row, as before: loudly.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -60,8 +61,9 @@ __all__ = ["UnreadableRecord", "UnreadableRecords", "is_decode_error"]
 
 Fetched = dict[TopicPartition, list[Any]]
 
-#: Failed scans in a row before the original error is raised.
-MAX_MISSES = 3
+#: Failed scans in a row before the original error is raised (with a growing pause between:
+#: a scan can miss while metadata or a leader is moving; seen once under heavy load).
+MAX_MISSES = 8
 
 
 def is_decode_error(exc: BaseException) -> bool:
@@ -124,6 +126,7 @@ class UnreadableRecords:
         if self._misses >= MAX_MISSES:
             raise exc
         log.warning("could not place the decode error (%d of %d tries)", self._misses, MAX_MISSES)
+        await asyncio.sleep(0.25 * self._misses)
         return out
 
     async def _position_before(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:

@@ -107,6 +107,7 @@ def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
         input_topics=node.input_topics,
         mode=node.mode,
         window_ms=node.window_ms,
+        max_open=ctx.topology.max_open_joins,
         to_result=to_result,
         select=tuple(outputs) if to_result and outputs is not None else None,
     )

@@ -433,6 +433,10 @@ class Topology(_Strict):
     chain; fan-out and joins follow from the maps."""
     result_join: JoinConfig = Field(default_factory=JoinConfig)
     """Graph topologies: how the result waits when its outputs come from parallel branches."""
+    max_open_joins: PositiveInt | None = 100_000
+    """Open joins one worker holds (per join stage); when a new correlation ID would exceed
+    it, the idlest open join is closed as if its window ended (inner: its branches are
+    dead-lettered; outer: a partial result). null = unbounded."""
     stages: list[Stage] = Field(min_length=1)
 
     @property

@@ -134,3 +134,17 @@ def test_inner_join_expiry_dead_letters_every_branch_that_arrived_with_its_own_h
     marker = stage.states.get(b"cid")
     assert marker is not None and marker.done and marker.branches == {}
     assert marker.digests == {"a": "da", "b": "db"}, "kept: a late replay is told from a reused id"
+
+
+def test_open_joins_are_bounded_and_the_idlest_is_expired_not_dropped() -> None:
+    io = StageIO(stage="j", group_id="g", input_topic="a", output_topic="out", dead_letter_topic="dl")
+    settings = JoinSettings(name="j", branches=("a", "b"), input_topics=("a", "b"), window_ms=10_000, max_open=2)
+    stage = JoinStage(io, settings, state_topic="j.state", kafka=KafkaSettings(bootstrap_servers="x:1"), metrics=PipelineMetrics())
+    for key in (b"old", b"new"):
+        stage.states.put(key, JoinState(first_ms=now_ms(), branches={"a": key}, digests={"a": "d"}), 0)
+    victims = stage.states.make_room(b"third")
+    assert [e.key for e in victims] == [b"old"]
+    out = stage._evict(victims[0])
+    assert [(r.topic, r.value, r.dead_letter) for r in out[:1]] == [("dl", b"old", True)], "its branch is dead-lettered"
+    assert out[-1].value is None and out[-1].topic == "j.state", "and its state deleted (tombstone)"
+    assert stage.states.get(b"old") is None and len(stage.states) == 1
