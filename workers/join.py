@@ -26,7 +26,6 @@ Modes (``JoinNode.mode``):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from pipeline.state import StateEntry
-from pipeline.state.codec import pack_bytes, unpack_bytes
+from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
 from workers.base import StageIO
 from workers.dead_letters import dead_letter_record
 from workers.event_time import EventTimeClock
@@ -69,10 +68,6 @@ class JoinState:
     digests: dict[str, str] = field(default_factory=dict)
     """Digest of each branch value that arrived: kept after the join is done, so a late
     replay (dropped, counted) is told from a reused correlation ID (dead-lettered)."""
-
-
-def _digest(value: bytes) -> str:
-    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
 class JoinStateCodec:
@@ -174,7 +169,7 @@ class JoinStage(StatefulStage):
             return
         state.branches[branch] = value
         state.branch_headers[branch] = list(record.headers or ())
-        state.digests[branch] = _digest(value)
+        state.digests[branch] = payload_digest(value)
         complete = len(state.branches) == len(self.node.branches)
         if self.node.mode == "any" or complete:
             status = None if complete else "first"  # any-join: this branch won
@@ -193,7 +188,7 @@ class JoinStage(StatefulStage):
         """A branch record for a join that already has it, or is done. The same bytes again
         are a replay (dropped, counted); other bytes mean the correlation ID was reused."""
         known = state.digests.get(branch)
-        if known == _digest(value):
+        if known == payload_digest(value):
             self.metrics.records_dropped.labels(self.io.stage, "join-duplicate").inc()
             self.outbox.complete(slot, ())
         elif known is None and self.node.mode == "any":

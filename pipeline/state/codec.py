@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from typing import Any, Protocol, TypeVar
 
@@ -66,6 +67,12 @@ def decode_state(codec: StateCodec[S], value: bytes) -> S:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise CorruptState(f"undecodable {codec.kind} state: {type(exc).__name__}: {exc}") from None
+
+
+def payload_digest(payload: bytes) -> str:
+    """A short digest of a record's bytes, kept in state to tell an exact replay from a
+    different record with the same identity (a chunk index, a join branch)."""
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
 def pack_bytes(value: bytes) -> str:

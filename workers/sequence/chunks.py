@@ -24,7 +24,8 @@ from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs
 from pipeline.kafka.records import ConsumedRecord
-from workers.sequence.state import StreamState, chunk_digest
+from pipeline.state.codec import payload_digest
+from workers.sequence.state import StreamState
 
 CHUNK_INDEX = "chunk_index"
 
@@ -92,7 +93,7 @@ def placement(
     expected = state.next_index if state is not None else 0
     payload = chunk.payload
     if state is not None and state.ended and chunk.index == 0 and chunk.request.sequence_start:
-        if state.first_digest == chunk_digest(payload) or state.is_exact_duplicate(0, payload):
+        if state.first_digest == payload_digest(payload) or state.is_exact_duplicate(0, payload):
             return Placement.DUPLICATE, "duplicate-chunk"
         return Placement.RESTART, ""
     if chunk.index < expected:
@@ -108,7 +109,7 @@ def placement(
     if state is not None and state.ended:
         return Placement.REJECT, f"stream {state.key!r} already ended at chunk {state.next_index - 1}"
     if chunk.index in waiting:
-        if chunk_digest(waiting[chunk.index].payload) == chunk_digest(payload):
+        if waiting[chunk.index].payload == payload:
             return Placement.DUPLICATE, "duplicate-chunk"
         return Placement.REJECT, f"chunk {chunk.index} conflicts with the chunk already waiting at that index"
     if chunk.index - expected > reorder_window:

@@ -14,14 +14,13 @@ Pure data and logic: no I/O, unit-tested on its own.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from pipeline.state.codec import pack_array, unpack_array
+from pipeline.state.codec import pack_array, payload_digest, unpack_array
 
 DIGEST_MEMORY = 64  # applied chunks remembered per stream for duplicate detection
 SKIPPED_MEMORY = 16  # gap ranges remembered per stream
@@ -56,7 +55,7 @@ class StreamState:
         return replace(self, model_state=dict(self.model_state), digests=OrderedDict(self.digests))
 
     def remember(self, index: int, payload: bytes) -> None:
-        self.digests[index] = chunk_digest(payload)
+        self.digests[index] = payload_digest(payload)
         if index == 0:
             self.first_digest = self.digests[0]
         while len(self.digests) > DIGEST_MEMORY:
@@ -76,11 +75,7 @@ class StreamState:
         digest = self.digests.get(index)
         if digest is None:
             return None
-        return digest == chunk_digest(payload)
-
-
-def chunk_digest(payload: bytes) -> str:
-    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+        return digest == payload_digest(payload)
 
 
 class StreamStateCodec:
