@@ -14,7 +14,9 @@ fi
 
 # libpython3.11: embedded by Triton's Python-backend stub.
 # espeak-ng: speech for the VAD tests and the audio demo. kcat: a third-party Kafka client.
-apt_packages=(libpython3.11 espeak-ng kcat)
+# stunnel4 + openssl: TLS in front of the embedded broker and S3 store for the transport-security tests.
+# docker-compose: validates docker-compose.yaml offline (no engine is needed or started).
+apt_packages=(libpython3.11 espeak-ng kcat stunnel4 openssl docker-compose)
 missing=()
 for pkg in "${apt_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

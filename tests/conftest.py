@@ -152,3 +152,13 @@ def cli_env(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> d
     env.update(endpoints.environment())
     env["PIPELINE_STATE_DIR"] = str(tmp_path_factory.mktemp("pipeline-state"))
     return env
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print every fault scenario's figures (tests/helpers/figures.py) at the end of the run."""
+    from tests.helpers.figures import REPORTED
+
+    if REPORTED:
+        terminalreporter.section("fault figures")
+        for figures in REPORTED:
+            terminalreporter.write_line(figures.line())
