@@ -48,7 +48,23 @@ class Failure:
 
     kind: FailureKind
     error_class: ErrorClass
+    """The dead letter's ``error-class`` if the record ends there."""
     reason: str
+    """One line for the ``error-reason`` header and the log."""
+
+
+class GaveUp(Exception):
+    """The policy stopped trying: ``failure`` says why (a permanent error, or the last
+    transient one once ``attempts`` were spent)."""
+
+    def __init__(self, failure: Failure, attempts: int) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+        self.attempts = attempts
+
+
+Classifier = Callable[[BaseException], Awaitable[Failure]]
+OnRetry = Callable[[Failure], None]
 
 
 @dataclass(frozen=True)
@@ -64,20 +80,6 @@ class RetryPolicy:
         [cap/2, cap], so retries spread out but never come back at once."""
         cap = min(self.max_backoff_s, self.initial_backoff_s * (2 ** (max(attempt, 1) - 1)))
         return random.uniform(cap / 2, cap)
-
-
-class GaveUp(Exception):
-    """The policy stopped trying: ``failure`` says why (a permanent error, or the last
-    transient one once ``attempts`` were spent)."""
-
-    def __init__(self, failure: Failure, attempts: int) -> None:
-        super().__init__(failure.reason)
-        self.failure = failure
-        self.attempts = attempts
-
-
-Classifier = Callable[[BaseException], Awaitable[Failure]]
-OnRetry = Callable[[Failure], None]
 
 
 class _Decisions:

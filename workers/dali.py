@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import queue
@@ -80,30 +81,38 @@ class _DaliThread:
         self._calls.put(None)
 
 
+@dataclasses.dataclass(frozen=True)
+class DaliSettings:
+    """A DALI stage's plain settings (the topology's ``kind: dali`` stage, see DaliStageConfig)."""
+
+    input_tensor: str = "audio"
+    """Request tensor with the chunk: BYTES (a WAV file) or INT16/FP32 PCM with ``sample_rate``."""
+    output_tensor: str = "audio"
+    sample_rate: int = 16_000
+    """The rate every chunk is resampled to (the model's)."""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    max_batch_size: int = 64
+    """Chunks of many streams in one DALI run."""
+    max_chunk_seconds: float = 10.0
+    run_timeout_s: float = 30.0
+    """A run that takes longer is abandoned with its thread (DALI cannot be interrupted)."""
+
+
 class DaliAudioBackend:
     """Serve batches of audio chunks with one DALI pipeline."""
 
     name = "dali"
 
-    def __init__(
-        self,
-        *,
-        input_tensor: str = "audio",
-        output_tensor: str = "audio",
-        target_rate: int = 16_000,
-        device: Literal["auto", "cpu", "gpu"] = "auto",
-        max_batch_size: int = 64,
-        max_chunk_seconds: float = 10.0,
-        run_timeout_s: float = 30.0,
-    ) -> None:
-        self.input_tensor = input_tensor
-        self.output_tensor = output_tensor
-        self.target_rate = target_rate
-        self.requested_device = device
-        self.max_batch_size = max_batch_size
-        self.limits = AudioLimits(max_seconds=max_chunk_seconds)
+    def __init__(self, settings: DaliSettings | None = None) -> None:
+        settings = settings or DaliSettings()
+        self.input_tensor = settings.input_tensor
+        self.output_tensor = settings.output_tensor
+        self.target_rate = settings.sample_rate
+        self.requested_device = settings.device
+        self.max_batch_size = settings.max_batch_size
+        self.limits = AudioLimits(max_seconds=settings.max_chunk_seconds)
+        self.run_timeout_s = settings.run_timeout_s
         self.device: str | None = None  # known after setup()
-        self.run_timeout_s = run_timeout_s
         self._preprocessor: AudioPreprocessor | None = None
         self._thread = _DaliThread()
         self._one_run = asyncio.Lock()  # runs are serial; waiting for the lock is not run time

@@ -120,13 +120,7 @@ class JoinStage(StatefulStage):
     """Fan-in of a graph topology (see the module docstring)."""
 
     def __init__(
-        self,
-        io: StageIO,
-        settings: JoinSettings,
-        *,
-        state_topic: str,
-        kafka: KafkaSettings,
-        metrics: PipelineMetrics,
+        self, io: StageIO, settings: JoinSettings, *, state_topic: str, kafka: KafkaSettings, metrics: PipelineMetrics
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.node = settings

@@ -155,12 +155,8 @@ class AudioPreprocessor:
 
     def _build(self) -> Pipeline:
         return build_pipeline(
-            device=self._device,
-            target_rate=self.target_rate,
-            quality=self.quality,
-            antialias=self.antialias,
-            max_batch_size=self.max_batch_size,
-            num_threads=self.num_threads,
+            device=self._device, max_batch_size=self.max_batch_size, num_threads=self.num_threads,
+            target_rate=self.target_rate, quality=self.quality, antialias=self.antialias,
         )
 
 

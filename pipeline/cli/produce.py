@@ -47,9 +47,7 @@ def produce(
     topology: Annotated[
         Path | None, typer.Option("--topology", help="Topology file: its input topic and first stage's model.")
     ] = None,
-    topic: Annotated[
-        str | None, typer.Option("--topic", help="Topic to produce to (overrides the topology's).")
-    ] = None,
+    topic: Annotated[str | None, typer.Option("--topic", help="Topic to write to (overrides the topology's).")] = None,
     model: Annotated[
         str | None,
         typer.Option("--model", help="Model whose Triton metadata shapes --random/--npy (overrides the topology's)."),

@@ -47,23 +47,16 @@ def record_size(key: bytes | None, value: bytes | None, headers: h.HeaderPairs) 
     return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, pairs))
 
 
+@dataclasses.dataclass(kw_only=True)
 class OversizeOutputs:
     """One stage's rule for outputs over the limits, with its claim-check store (or none)."""
 
-    def __init__(
-        self,
-        *,
-        stage: str,
-        dead_letter_topic: str,
-        limits: RecordLimits,
-        store: ClaimCheckStore | None,
-        on_claim_check: Callable[[str], None] | None = None,
-    ) -> None:
-        self.stage = stage
-        self.dead_letter_topic = dead_letter_topic
-        self.limits = limits
-        self.store = store
-        self._on_claim_check = on_claim_check
+    stage: str
+    dead_letter_topic: str
+    limits: RecordLimits
+    store: ClaimCheckStore | None
+    on_claim_check: Callable[[str], None] | None = None
+    """Told ``stored`` or ``not-kept`` for each claim check (the stage's counter)."""
 
     def too_large(self, out: OutRecord) -> bool:
         """A dead letter over the dead-letter limit, or a result over the record limit.
@@ -80,8 +73,8 @@ class OversizeOutputs:
         dead = out if out.dead_letter else self._result_dead_letter(out)
         name = ClaimName(slot.tp.topic, slot.tp.partition, slot.offset, index)
         check = await self._store(name, dead)
-        if self._on_claim_check is not None:
-            self._on_claim_check(STORED if check.stored else NOT_KEPT)
+        if self.on_claim_check is not None:
+            self.on_claim_check(STORED if check.stored else NOT_KEPT)
         return self._fit(dead, check)
 
     def _result_dead_letter(self, out: OutRecord) -> OutRecord:

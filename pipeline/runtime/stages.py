@@ -29,7 +29,7 @@ from pipeline.topology.model import (
     Topology,
 )
 from workers.base import StageIO, StreamStage
-from workers.dali import DaliAudioBackend
+from workers.dali import DaliAudioBackend, DaliSettings
 from workers.join import JoinSettings, JoinStage
 from workers.routing import TensorRouting
 from workers.sequence import SequenceSettings, SequenceStage
@@ -66,15 +66,9 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
 
 def build_dali(ctx: BuildContext, config: Stage) -> StreamStage:
     assert isinstance(config, DaliStageConfig)
-    backend = DaliAudioBackend(
-        input_tensor=config.input_tensor,
-        output_tensor=config.output_tensor,
-        target_rate=config.sample_rate,
-        device=config.device,
-        max_batch_size=config.batching.max_batch_size or 64,
-        max_chunk_seconds=config.max_chunk_seconds,
-        run_timeout_s=config.run_timeout_s,
-    )
+    # The settings share their field names with the topology's, but for the batch size.
+    same = {f.name: getattr(config, f.name) for f in fields(DaliSettings) if f.name != "max_batch_size"}
+    backend = DaliAudioBackend(DaliSettings(**same, max_batch_size=config.batching.max_batch_size or 64))
     return BatchingStage(ctx.io, backend, batching_settings(config), kafka=ctx.endpoints.kafka, metrics=ctx.metrics)
 
 
@@ -101,12 +95,9 @@ def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
 def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
     to_result = node.feeds == "result"
     outputs = ctx.topology.outputs
+    same = {name: getattr(node, name) for name in ("name", "branches", "input_topics", "mode", "window_ms")}
     settings = JoinSettings(
-        name=node.name,
-        branches=node.branches,
-        input_topics=node.input_topics,
-        mode=node.mode,
-        window_ms=node.window_ms,
+        **same,
         max_open=ctx.topology.max_open_joins,
         to_result=to_result,
         select=tuple(outputs) if to_result and outputs is not None else None,

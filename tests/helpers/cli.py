@@ -10,15 +10,7 @@ def run(
     command: list[str], env: dict[str, str], *, timeout: float, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` with text stdin/stdout/stderr captured; the caller checks the exit status."""
-    return subprocess.run(
-        command,
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return subprocess.run(command, input=stdin, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def run_cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,8 @@ from aiokafka.structs import ConsumerRecord
 from pipeline.embedded.process import free_port
 from tests.helpers.kafka_io import Collected, collect
 
+ENSEMBLE_YAML = Path(__file__).resolve().parents[2] / "topologies" / "ensemble.yaml"
+
 
 @dataclass
 class TopologyFiles:
@@ -77,6 +79,16 @@ def write_topology(
         dead_letter_topic=doc["dead_letter_topic"],
         metrics_topic=doc["metrics_topic"],
     )
+
+
+def write_ensemble_topology(
+    tmp_path: Path, *, partitions: int = 2, mode: str = "inner", window_ms: float = 5000
+) -> TopologyFiles:
+    """A private copy of ``topologies/ensemble.yaml`` (fan-out, two branches, a result join)."""
+    ensemble = yaml.safe_load(ENSEMBLE_YAML.read_text())
+    join = {"mode": mode, "window_ms": window_ms}
+    extra = {"inputs": ensemble["inputs"], "outputs": ensemble["outputs"], "result_join": join}
+    return write_topology(tmp_path, partitions=partitions, stages=ensemble["stages"], extra=extra)
 
 
 class PipelineProcess:

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from pipeline.contract.records import Record, read_dead_letter
 from pipeline.contract.request import encode_request
@@ -27,25 +26,13 @@ from tests.helpers.topology_process import (
     collect_outputs,
     distinct_keys,
     pipeline_process,
-    write_topology,
+    write_ensemble_topology,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
-ENSEMBLE = yaml.safe_load((Path(__file__).resolve().parents[2] / "topologies" / "ensemble.yaml").read_text())
-
-
 def _ensemble(tmp_path: Path, *, mode: str = "inner", window_ms: float = 5000) -> TopologyFiles:
-    return write_topology(
-        tmp_path,
-        partitions=2,
-        stages=ENSEMBLE["stages"],
-        extra={
-            "inputs": ENSEMBLE["inputs"],
-            "outputs": ENSEMBLE["outputs"],
-            "result_join": {"mode": mode, "window_ms": window_ms},
-        },
-    )
+    return write_ensemble_topology(tmp_path, mode=mode, window_ms=window_ms)
 
 
 def _requests(n: int, seed: int, prefix: str) -> tuple[list[Record], np.ndarray]:

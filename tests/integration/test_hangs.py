@@ -27,6 +27,7 @@ from aiokafka.structs import ConsumerRecord
 from pipeline.contract.records import Record
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
+from tests.helpers import topology_process as tp
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import Collected, header, produce
 from tests.helpers.own_triton import OwnTriton
@@ -38,14 +39,6 @@ from tests.helpers.streams import (
     interleave,
     stream_records,
     utterance,
-)
-from tests.helpers.topology_process import (
-    PipelineProcess,
-    TopologyFiles,
-    collect_outputs,
-    distinct_keys,
-    pipeline_process,
-    write_topology,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
@@ -80,7 +73,7 @@ def _requests(n: int, seed: int, prefix: str) -> tuple[list[Record], np.ndarray]
 
 
 def _outcomes(
-    out: Collected, topo: TopologyFiles, features: np.ndarray, prefix: str
+    out: Collected, topo: tp.TopologyFiles, features: np.ndarray, prefix: str
 ) -> tuple[list[ConsumerRecord[bytes, bytes]], Counter[str]]:
     """The dead letters, and the results per correlation ID, each checked against the numpy reference."""
     counts: Counter[str] = Counter()
@@ -102,7 +95,7 @@ def _assert_each_answered_once(
     assert set(counts.values()) == {1}, "duplicated results"
 
 
-def _readyz(worker: PipelineProcess) -> tuple[int, str]:
+def _readyz(worker: tp.PipelineProcess) -> tuple[int, str]:
     """Status and body (the helper drops a 503's body, which names the stalled partition)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{worker.http_port}/readyz", timeout=2) as r:
@@ -111,7 +104,7 @@ def _readyz(worker: PipelineProcess) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _wait_status(worker: PipelineProcess, status: int, timeout: float) -> tuple[float, str]:
+def _wait_status(worker: tp.PipelineProcess, status: int, timeout: float) -> tuple[float, str]:
     """Seconds until ``/readyz`` answers ``status``, and its body."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -122,7 +115,7 @@ def _wait_status(worker: PipelineProcess, status: int, timeout: float) -> tuple[
     raise AssertionError(f"/readyz not {status} after {timeout}s:\n{worker.log()}")
 
 
-def _producing(bootstrap: str, topo: TopologyFiles, records: list[Record], rate: float) -> threading.Thread:
+def _producing(bootstrap: str, topo: tp.TopologyFiles, records: list[Record], rate: float) -> threading.Thread:
     thread = threading.Thread(target=lambda: asyncio.run(produce(bootstrap, topo.input_topic, records, rate=rate)))
     thread.start()
     return thread
@@ -132,9 +125,9 @@ def test_hung_triton_turns_readiness_off_and_back_on_and_loses_nothing(
     kafka_bootstrap: str, own_triton: OwnTriton, tmp_path: Path
 ) -> None:
     n, rate, hang_s = 3_000, 250.0, 8.0
-    topo = write_topology(tmp_path, partitions=2, stage=STAGE)
+    topo = tp.write_topology(tmp_path, partitions=2, stage=STAGE)
     records, features = _requests(n, seed=11, prefix="hang")
-    with pipeline_process(topo, own_triton.env, tmp_path) as worker:
+    with tp.pipeline_process(topo, own_triton.env, tmp_path) as worker:
         producer = _producing(kafka_bootstrap, topo, records, rate)
         time.sleep(3)
         with hung(own_triton):
@@ -145,7 +138,7 @@ def test_hung_triton_turns_readiness_off_and_back_on_and_loses_nothing(
             time.sleep(max(0.0, hang_s - to_not_ready))
         to_ready, _ = _wait_status(worker, 200, timeout=60)
         producer.join(timeout=60)
-        out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=120)
+        out = tp.collect_outputs(kafka_bootstrap, topo, tp.distinct_keys(n), timeout=120)
         retries = worker.metric("pipeline_triton_retries_total")
         assert worker.terminate() == 0, worker.log()
 
@@ -166,11 +159,11 @@ def test_sigterm_while_triton_hangs_exits_within_bound_and_the_next_owner_finish
 ) -> None:
     """Default drain_timeout_s (30 s): the acceptance's bound, in the state that used to hang."""
     n = 1_200
-    topo = write_topology(tmp_path, partitions=2, stage=STAGE)
+    topo = tp.write_topology(tmp_path, partitions=2, stage=STAGE)
     records, features = _requests(n, seed=12, prefix="term")
-    with pipeline_process(topo, own_triton.env, tmp_path) as worker:
+    with tp.pipeline_process(topo, own_triton.env, tmp_path) as worker:
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, records[: n // 2]))
-        collect_outputs(kafka_bootstrap, topo, distinct_keys(n // 2), timeout=60)
+        tp.collect_outputs(kafka_bootstrap, topo, tp.distinct_keys(n // 2), timeout=60)
         with hung(own_triton):
             asyncio.run(produce(kafka_bootstrap, topo.input_topic, records[n // 2 :]))
             time.sleep(CALL_TIMEOUT_S + 2)  # batches now wait in the outage loop
@@ -181,8 +174,8 @@ def test_sigterm_while_triton_hangs_exits_within_bound_and_the_next_owner_finish
         assert code == 0, worker.log()
         first_log = worker.log()
     # SIGCONT done; the group's next member replays whatever was left uncommitted.
-    with pipeline_process(topo, own_triton.env, tmp_path) as successor:
-        out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=120)
+    with tp.pipeline_process(topo, own_triton.env, tmp_path) as successor:
+        out = tp.collect_outputs(kafka_bootstrap, topo, tp.distinct_keys(n), timeout=120)
         assert successor.terminate() == 0, successor.log()
 
     dead, counts = _outcomes(out, topo, features, "term")
@@ -200,9 +193,9 @@ def test_hung_triton_under_a_sequence_stage_is_an_outage_not_a_loss(
     streams = {f"seq-{i:02d}": i % 3 for i in range(8)}
     stage = dict(SEQUENCE_STAGE, call_timeout_s=CALL_TIMEOUT_S, stall_after_s=STALL_AFTER_S + 1)
     stage["retry"] = {"initial_backoff_ms": 50.0, "max_backoff_ms": 500.0}
-    topo = write_topology(tmp_path, partitions=2, stages=[stage])
+    topo = tp.write_topology(tmp_path, partitions=2, stages=[stage])
     records = interleave([stream_records(key, utterance(u)) for key, u in streams.items()])
-    with pipeline_process(topo, own_triton.env, tmp_path) as worker:
+    with tp.pipeline_process(topo, own_triton.env, tmp_path) as worker:
         producer = _producing(kafka_bootstrap, topo, records, rate=200.0)
         deadline = time.monotonic() + 60
         while worker.metric("pipeline_results_total") < 100 and time.monotonic() < deadline:
@@ -214,7 +207,7 @@ def test_hung_triton_under_a_sequence_stage_is_an_outage_not_a_loss(
             time.sleep(max(0.0, 8.0 - to_not_ready))
         to_ready, _ = _wait_status(worker, 200, timeout=60)
         producer.join(timeout=120)
-        out: Collected = collect_outputs(kafka_bootstrap, topo, _summaries(set(streams)), timeout=180)
+        out: Collected = tp.collect_outputs(kafka_bootstrap, topo, _summaries(set(streams)), timeout=180)
         assert worker.terminate() == 0, worker.log()
 
     dead = out.on(topo.dead_letter_topic)

@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from tritonclient.grpc import service_pb2 as pb
@@ -62,17 +61,11 @@ from pipeline.contract.response import decode_response
 from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.kafka.clients import ensure_topics
 from pipeline.settings import KafkaSettings, S3Settings
+from tests.helpers import topology_process as tp
 from tests.helpers.dense_reference import mlp_reference, norm_reference, random_features, score_reference
 from tests.helpers.kafka_io import header
 from tests.helpers.raw_records import RawKey, RawRecord, build_batch, produce_raw_batch
 from tests.helpers.streams import AUDIO_STAGES, SEQUENCE_STAGE
-from tests.helpers.topology_process import (
-    PipelineProcess,
-    TopologyFiles,
-    collect_outputs,
-    pipeline_process,
-    write_topology,
-)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -96,9 +89,6 @@ GRACE_S = 2.0
 SR = 16_000
 FRAME = 512
 YEAR_MS = 365 * 24 * 3600 * 1000
-
-ENSEMBLE = yaml.safe_load((Path(__file__).resolve().parents[2] / "topologies" / "ensemble.yaml").read_text())
-
 
 # --------------------------------------------------------------------------- the table
 
@@ -1238,8 +1228,8 @@ def fuzz_audio(rng: np.random.Generator, n: int) -> list[Send]:
 @dataclass
 class Running:
     name: str
-    topo: TopologyFiles
-    proc: PipelineProcess
+    topo: tp.TopologyFiles
+    proc: tp.PipelineProcess
     rss_before: int = 0
     is_primary: Callable[[Rec], bool] = lambda _r: True
     expectations: dict[int, Expect] = field(default_factory=dict)
@@ -1291,7 +1281,7 @@ def campaign(
     kafka_bootstrap: str, cli_env: dict[str, str], s3_settings: S3Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Campaign]:
     tmp = tmp_path_factory.mktemp("hostile")
-    dense = write_topology(
+    dense = tp.write_topology(
         tmp,
         partitions=2,
         stage={"max_request_bytes": DENSE_LIMIT, "batching": {"max_queue_delay_ms": 5.0, "max_inflight_batches": 4}},
@@ -1300,19 +1290,10 @@ def campaign(
         {**AUDIO_STAGES[0], "max_request_bytes": AUDIO_LIMIT},
         {**SEQUENCE_STAGE, "gap_timeout_s": 1, "reorder_window": 16},
     ]
-    audio = write_topology(tmp, partitions=2, stages=audio_stages)
-    ensemble = write_topology(
-        tmp,
-        partitions=2,
-        stages=ENSEMBLE["stages"],
-        extra={
-            "inputs": ENSEMBLE["inputs"],
-            "outputs": ENSEMBLE["outputs"],
-            "result_join": {"mode": "inner", "window_ms": 2000},
-        },
-    )
+    audio = tp.write_topology(tmp, partitions=2, stages=audio_stages)
+    ensemble = tp.write_ensemble_topology(tmp, window_ms=2000)
     procs = {
-        name: PipelineProcess(topo, cli_env, tmp / f"{name}.log")
+        name: tp.PipelineProcess(topo, cli_env, tmp / f"{name}.log")
         for name, topo in [("dense", dense), ("audio", audio), ("ensemble", ensemble)]
     }
     try:
@@ -1776,7 +1757,7 @@ def test_unreadable_records_among_large_records(kafka_bootstrap: str, cli_env: d
     holds them all): one alone behind 6 MiB of requests, one inside a 6 MiB record batch.
     The worker must dead-letter each bad record by position and answer every other one
     (tests/integration/test_unreadable_records.py covers small records only)."""
-    topo = write_topology(tmp_path, partitions=1)  # dense_classifier, max_request_bytes 16 MiB
+    topo = tp.write_topology(tmp_path, partitions=1)  # dense_classifier, max_request_bytes 16 MiB
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     asyncio.run(ensure_topics(kafka, [topo.input_topic], partitions=1))
 
@@ -1803,8 +1784,8 @@ def test_unreadable_records_among_large_records(kafka_bootstrap: str, cli_env: d
             await produce_raw_batch(kafka_bootstrap, TopicPartition(topo.input_topic, 0), build_batch(records))
 
     asyncio.run(produce_all())
-    with pipeline_process(topo, cli_env, tmp_path) as worker:
-        out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= 10, timeout=60)
+    with tp.pipeline_process(topo, cli_env, tmp_path) as worker:
+        out = tp.collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= 10, timeout=60)
         alive = worker.proc is not None and worker.proc.poll() is None
         log = worker.log()
         code = worker.terminate(timeout=60) if alive else worker.proc.returncode if worker.proc else None

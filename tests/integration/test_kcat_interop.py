@@ -58,14 +58,7 @@ class Kcat:
         assert result.returncode == 0, f"kcat {' '.join(args)} failed:\n{result.stderr}"
         return result
 
-    def produce(
-        self,
-        topic: str,
-        body: str,
-        *headers: str,
-        key: str | None = None,
-        key_delimiter: str | None = None,
-    ) -> None:
+    def produce(self, topic: str, body: str, *headers: str, key: str | None = None, key_delimiter: str | None = None) -> None:
         args = ["-P", "-t", topic]
         if key is not None:
             args += ["-k", key]

@@ -23,7 +23,7 @@ from pipeline.runtime.stages import stall_after_s
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.topology.model import Topology
 from workers.base import StageIO, StreamStage
-from workers.dali import DaliAudioBackend, DaliRunTimeout
+from workers.dali import DaliAudioBackend, DaliRunTimeout, DaliSettings
 from workers.triton_backend import call_timeout
 
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
@@ -173,7 +173,7 @@ class _Preprocessor:
 
 
 async def test_a_stuck_dali_run_times_out_and_later_runs_use_a_fresh_thread() -> None:
-    backend = DaliAudioBackend(run_timeout_s=0.3)
+    backend = DaliAudioBackend(DaliSettings(run_timeout_s=0.3))
     stuck = threading.Event()
     cast(Any, backend)._preprocessor = _Preprocessor(stuck)
     cast(Any, backend)._build = _Preprocessor

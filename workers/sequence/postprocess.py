@@ -110,11 +110,16 @@ class SegmentTracker:
 
 @dataclass(frozen=True)
 class VadSettings:
+    """The ``vad_segments`` post-processor's settings (Silero's own defaults)."""
+
+    output: str = "probability"
+    """The model output holding the per-frame probability."""
     threshold: float = 0.5
+    """A frame at or above it is speech (starts a segment)."""
     neg_threshold: float = 0.35
+    """A frame below it is silence (may end a segment): the gap between the two is hysteresis."""
     min_speech_ms: float = 250.0
     min_silence_ms: float = 300.0
-    output: str = "probability"  # model output holding the per-frame probability
 
 
 class VadSegments:

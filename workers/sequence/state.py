@@ -83,20 +83,15 @@ class StreamStateCodec:
 
     kind = "sequence"
 
+    #: Fields stored as they are (JSON-ready); the others are packed below.
+    plain_fields = ("key", "next_index", "frames_done", "samples_in", "post", "ended", "last_ms", "first_digest")
+
     def to_dict(self, state: StreamState) -> dict[str, Any]:
-        return {
-            "key": state.key,
-            "next_index": state.next_index,
-            "frames_done": state.frames_done,
-            "samples_in": state.samples_in,
+        return {name: getattr(state, name) for name in self.plain_fields} | {
             "carry": pack_array(state.carry),
             "model_state": {name: pack_array(a) for name, a in state.model_state.items()},
-            "post": state.post,
-            "ended": state.ended,
             "digests": [[i, d] for i, d in state.digests.items()],
-            "last_ms": state.last_ms,
             "skipped": [list(r) for r in state.skipped],
-            "first_digest": state.first_digest,
         }
 
     def from_dict(self, data: dict[str, Any], version: int) -> StreamState:
