@@ -11,11 +11,16 @@ When nothing is configured, :func:`pipeline.embedded.discover` finds a running
 
 from __future__ import annotations
 
+import os
+import ssl
 from pathlib import Path
 from typing import Any, Literal
 
+import certifi
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.errors import ConfigError
 
 
 class KafkaSettings(BaseSettings):
@@ -53,11 +58,7 @@ class KafkaSettings(BaseSettings):
             "client_id": self.client_id,
         }
         if self.security_protocol in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context
-
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
-            )
+            kwargs["ssl_context"] = self.ssl_context()
         if self.security_protocol.startswith("SASL"):
             kwargs["sasl_mechanism"] = self.sasl_mechanism or "PLAIN"
             kwargs["sasl_plain_username"] = self.sasl_username
@@ -65,6 +66,41 @@ class KafkaSettings(BaseSettings):
                 self.sasl_password.get_secret_value() if self.sasl_password else None
             )
         return kwargs
+
+    def security_environment(self) -> dict[str, str]:
+        """The ``PIPELINE_KAFKA_*`` variables that give another process this TLS/SASL setup.
+
+        Not the SASL password: it lives only in the environment, which children inherit.
+        """
+        env: dict[str, str] = {}
+        if self.security_protocol != "PLAINTEXT":
+            env["PIPELINE_KAFKA_SECURITY_PROTOCOL"] = self.security_protocol
+        for name in ("sasl_mechanism", "sasl_username", "ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            value = getattr(self, name)
+            if value is not None:
+                env[f"PIPELINE_KAFKA_{name.upper()}"] = str(value)
+        return env
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context of every connection (certificate and host name verified).
+
+        The broker's certificate must chain to ``ssl_cafile`` (else the system roots) and
+        name the host dialled; ``ssl_certfile``/``ssl_keyfile`` are presented for mutual
+        TLS. A missing or unreadable file is a :class:`ConfigError` naming the variables,
+        not a traceback from deep inside a client's start. Built as aiokafka's
+        ``create_ssl_context`` builds it, minus the INFO log line it writes per client.
+        """
+        try:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ssl_cafile)
+            if self.ssl_certfile is not None:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        except OSError as exc:  # ssl.SSLError included: a file that is not PEM
+            raise ConfigError(
+                f"Kafka TLS files unusable (PIPELINE_KAFKA_SSL_CAFILE={self.ssl_cafile}, "
+                f"PIPELINE_KAFKA_SSL_CERTFILE={self.ssl_certfile}, "
+                f"PIPELINE_KAFKA_SSL_KEYFILE={self.ssl_keyfile}): {exc}"
+            ) from None
+        return context
 
 
 class TritonSettings(BaseSettings):
@@ -114,6 +150,10 @@ class S3Settings(BaseSettings):
         default="us-east-1",
         validation_alias=AliasChoices("PIPELINE_S3_REGION", "AWS_DEFAULT_REGION"),
     )
+    ca_file: Path | None = None
+    """PEM bundle that an ``https://`` endpoint's certificate must chain to; unset: the
+    process's ``SSL_CERT_FILE``, else certifi's public roots. A private CA for the store
+    alone, without replacing the roots of every other TLS client in the process."""
 
     @property
     def configured(self) -> bool:
@@ -129,6 +169,10 @@ class S3Settings(BaseSettings):
         if not self.endpoint:
             raise ValueError("S3 endpoint is not configured")
         return self.endpoint.split("://", 1)[-1].rstrip("/")
+
+    def ca_bundle(self) -> str:
+        """The CA bundle every S3 client of the project verifies the endpoint against."""
+        return str(self.ca_file or os.environ.get("SSL_CERT_FILE") or certifi.where())
 
     def triton_repository_url(self) -> str:
         """The ``s3://host:port/bucket[/prefix]`` URL Triton loads its model repository from."""
@@ -149,6 +193,7 @@ class Endpoints(BaseSettings):
         env: dict[str, str] = {}
         if self.kafka.bootstrap_servers:
             env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka.bootstrap_servers
+        env.update(self.kafka.security_environment())
         if self.triton.grpc_url:
             env["PIPELINE_TRITON_GRPC_URL"] = self.triton.grpc_url
         if self.triton.http_url:
@@ -167,6 +212,8 @@ class Endpoints(BaseSettings):
             if self.s3.prefix:
                 env["PIPELINE_S3_PREFIX"] = self.s3.prefix
             env["PIPELINE_S3_DEAD_LETTER_BUCKET"] = self.s3.dead_letter_bucket
+        if self.s3.ca_file is not None:
+            env["PIPELINE_S3_CA_FILE"] = str(self.s3.ca_file)
         if self.s3.access_key:
             env["AWS_ACCESS_KEY_ID"] = self.s3.access_key.get_secret_value()
         if self.s3.secret_key:

@@ -21,6 +21,17 @@ missing=()
 for pkg in "${apt_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# kubectl (1.32, kustomize 5.5) renders `pipeline deploy k8s` output in the tests. It comes from
+# Google's cloud-sdk apt repository (packages.cloud.google.com/apt cloud-sdk-bookworm); Debian's
+# own kubernetes-client is 1.20. Asked for only with --test, and only where an apt source has it:
+# otherwise the render test fails and names it.
+if [[ "$extras" == *test* ]] && ! command -v kubectl >/dev/null; then
+    if apt-cache policy kubectl 2>/dev/null | grep -q "Candidate: [0-9]"; then
+        missing+=(kubectl)
+    else
+        echo "warning: no apt source offers kubectl (add Google's cloud-sdk repository); the kustomize render test will fail" >&2
+    fi
+fi
 if ((${#missing[@]})); then
     sudo_cmd=()
     [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)

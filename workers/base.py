@@ -6,6 +6,11 @@ A stage kind (stateless batching, DALI, sequences) implements three hooks:
 :meth:`StreamStage.release` (hand over all formed work now: shutdown or
 rebalance). Everything about Kafka delivery lives here and in
 :mod:`pipeline.kafka.outbox`, once.
+
+A worker that cannot confirm its group membership (a zombie resumed after its
+partitions moved, :mod:`pipeline.kafka.membership`) handles no record, makes no
+time-driven decision (:meth:`StreamStage.tick`) and sends nothing until the
+coordinator has answered: outputs, checkpoints and commits all pass that fence.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.contract.errors import ErrorClass
 from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.deadletter.oversize import OversizeOutputs
-from pipeline.kafka.clients import RecordLimits, make_consumer, make_producer
+from pipeline.kafka.clients import RecordLimits, failing_in_one_line, make_consumer, make_producer
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
@@ -33,6 +38,7 @@ from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from workers.dead_letters import dead_letter_record
+from workers.fencing import StageFence
 from workers.flow_control import FlowControl
 from workers.outcomes import StageOutcomes
 
@@ -83,6 +89,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     # unrestored state or un-handed-back work, so errors stop it instead.
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self._stage._owned.difference_update(revoked)
+        self._stage.fence.revocations += 1
         try:
             await self._stage.hand_back(list(revoked))
         except Exception as exc:
@@ -92,7 +99,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self._stage.io.stage, sorted(map(str, assigned)))
         try:
-            await self._stage.restore(list(assigned))
+            with self._stage.fence.restoring():
+                await self._stage.restore(list(assigned))
         except Exception as exc:
             self._stage.fail(exc)
             raise
@@ -120,6 +128,7 @@ class StreamStage(abc.ABC):
         # keeps fetching, so records can arrive before restore finishes or after a
         # revocation; they wait, or are left to the partition's next owner.
         self._owned: set[TopicPartition] = set()
+        self.fence = StageFence()
         # getmany that turns undecodable records into dead-letter stand-ins instead of a crash loop.
         self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])
 
@@ -199,8 +208,10 @@ class StreamStage(abc.ABC):
 
     async def produce_all_unowned(self, records: list[OutRecord]) -> None:
         """Produce outputs no input record owns (an expiry, an idle close, a tombstone):
-        all handed to the producer first, then awaited together (one round trip)."""
+        all handed to the producer first, then awaited together (one round trip), once the
+        membership fence lets them (:meth:`StageFence.admit_unowned`)."""
         assert self._producer is not None
+        await self.fence.admit_unowned(self.io.stage, len(records))
         futures = [
             await self._producer.send(r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition)
             for r in records
@@ -227,7 +238,8 @@ class StreamStage(abc.ABC):
             on_claim_check=lambda outcome: self.metrics.claim_checks.labels(self.io.stage, outcome).inc(),
         )
         self._outbox = Outbox(
-            self._producer, self._consumer, on_acknowledged=self.outcomes.acknowledged, oversize=oversize
+            self._producer, self._consumer, on_acknowledged=self.outcomes.acknowledged, oversize=oversize,
+            fence=self.fence.watch(self._consumer, self.io.stage, self.metrics),
         )
         self._consumer.subscribe(self.io.input_topics, listener=_Rebalance(self))
         await self._consumer.start()
@@ -242,7 +254,7 @@ class StreamStage(abc.ABC):
         outbox_stop = asyncio.Event()
         emitter = asyncio.create_task(self.outbox.run(outbox_stop), name=f"{self.io.stage}-outbox")
         try:
-            await self._consume(stop, emitter)
+            await failing_in_one_line(self._consume(stop, emitter), f"stage {self.io.stage}")
         finally:
             self.ready = False
             try:
@@ -269,6 +281,8 @@ class StreamStage(abc.ABC):
             self.outbox.raise_if_failed()
             if self._fatal is not None:
                 raise self._fatal
+            if await self.fence.held():
+                continue  # maybe a zombie: handle nothing, decide nothing, until the coordinator answers
             room = self._flow.update(consumer, self.outbox.pending(), self.outbox.pending_bytes())
             # Poll even while paused: it keeps the group membership alive (max.poll.interval).
             batch = await self._fetch.getmany(
@@ -276,12 +290,13 @@ class StreamStage(abc.ABC):
                 timeout_ms=int(max(self.next_tick_s(), 0.001) * 1000),
                 max_records=min(max(room, 1), 1000),
             )
+            revocations = self.fence.revocations  # the batch belongs to the assignment of now
             for tp, records in batch.items():
                 if not await self._may_handle(consumer, tp):
                     continue  # revoked meanwhile: its next owner consumes these records
                 for record in records:
-                    if tp not in self._owned:
-                        break  # revoked while we were handling this batch
+                    if tp not in self._owned or self.fence.revocations != revocations:
+                        break  # revoked while we were handling this batch (even if assigned again)
                     slot = self.outbox.track(record)
                     self.outcomes.consumed()
                     if isinstance(record, UnreadableRecord):
@@ -289,7 +304,7 @@ class StreamStage(abc.ABC):
                         self.dead_letter(record, slot, ErrorClass.UNREADABLE_RECORD, record.reason)
                         continue
                     try:
-                        await self.handle(record, slot)
+                        await self.fence.guard(self.handle(record, slot))
                     except Exception as exc:
                         log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
                         self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
@@ -299,7 +314,7 @@ class StreamStage(abc.ABC):
                         await asyncio.sleep(0)
                 if records:
                     self._flow.observe_lag(consumer, tp, records[-1].offset)
-            await self.tick()
+            await self.fence.guard(self.tick())
 
     async def _may_handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:
         """Wait while ``tp`` is assigned but still being restored; False once it is not ours."""

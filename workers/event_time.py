@@ -9,6 +9,10 @@ The watermark of a partition is the timestamp of the last record handled from
 it, or "now" when nothing is left to read (a caught-up partition cannot bring
 anything older). Right after an assignment, a partition nothing was read from
 counts as behind for ``grace_ms``, so its backlog is read before it is trusted.
+A partition written by other stages is caught up only when they are too
+(``upstream_behind``, a join's branches): what they have not processed yet is
+older than what was read. Messages between stages keep their request's
+timestamp, so every stage of a topology judges in the same event time.
 Timestamps more than ``max_future_ms`` ahead of the wall clock are clamped: one
 record stamped next year must not close every window at once, nor open one that
 never closes.
@@ -33,8 +37,16 @@ def now_ms() -> int:
 class EventTimeClock:
     """Watermarks of the input partitions one stage consumes."""
 
-    def __init__(self, highwater: HighWater, *, grace_ms: float, max_future_ms: float = 60_000) -> None:
+    def __init__(
+        self,
+        highwater: HighWater,
+        *,
+        grace_ms: float,
+        max_future_ms: float = 60_000,
+        upstream_behind: Callable[[TopicPartition], bool] | None = None,
+    ) -> None:
         self.highwater = highwater
+        self.upstream_behind = upstream_behind
         self.grace_ms = grace_ms
         self.max_future_ms = max_future_ms
         self._event_time: dict[TopicPartition, int] = {}
@@ -73,6 +85,8 @@ class EventTimeClock:
         return max(0.0, (self.watermark(partitions) - event_ms) / 1000)
 
     def _behind(self, tp: TopicPartition, now: int) -> bool:
+        if self.upstream_behind is not None and self.upstream_behind(tp):
+            return True
         last = self._last_offset.get(tp)
         if last is None:
             return now - self._assigned_at.get(tp, 0) < self.grace_ms

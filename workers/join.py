@@ -8,10 +8,13 @@ arrival and restored on assignment (like a sequence stage's), so a worker
 killed mid-join loses nothing; it is deleted (tombstone) some time after the
 join completed, having served to recognise late duplicates.
 
-Windows run in event time: from the first branch record's timestamp until
-every branch partition has been read up to the window's end (a partition with
-nothing left to read counts as "now"). So a join does not expire because this
-worker is behind on one input, only because a branch really is late. Outputs
+Windows run in event time: from the first branch record's timestamp (the
+request's: messages between stages keep it) until every branch partition has
+been read up to the window's end. A partition with nothing left to read counts
+as "now" only when the stages upstream of the join have committed their inputs
+to the end too (:mod:`pipeline.kafka.progress`). So a join does not expire
+because this worker, or the stage of one branch, is behind (a backlog, a
+restart, a slower branch), only because a branch really is late. Outputs
 that no input record owns (expiries, deletion of retired markers) are handed to
 the producer together and awaited once per sweep.
 
@@ -40,6 +43,7 @@ from pipeline.contract.request import InferenceRequest, decode_request, forward_
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
+from pipeline.kafka.progress import Upstream, UpstreamProgress
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
@@ -53,6 +57,7 @@ from workers.stateful import StatefulStage
 log = logging.getLogger(__name__)
 
 JOIN_STATUS = "join-status"
+_POLL_S = 0.5  # how often, while joins are open, the upstream groups' progress is asked
 
 
 @dataclass
@@ -114,6 +119,8 @@ class JoinSettings:
     """Joins one worker holds; beyond it the idlest are closed as if their window ended."""
     to_result: bool = False
     select: tuple[str, ...] | None = None
+    upstream: tuple[Upstream, ...] = ()
+    """The groups (and their inputs) of every stage upstream of the join."""
 
 
 class JoinStage(StatefulStage):
@@ -129,8 +136,24 @@ class JoinStage(StatefulStage):
         self.states = self.keyed_state(
             state_topic, JoinStateCodec(), ttl_s=self.retention_s, max_keys=settings.max_open
         )
-        self.clock = EventTimeClock(self.highwater, grace_ms=settings.window_ms)
+        self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics)
+        behind = (lambda tp: self.progress.behind(tp.partition)) if settings.upstream else None
+        self.clock = EventTimeClock(self._highwater, grace_ms=settings.window_ms, upstream_behind=behind)
         self._last_sweep = 0.0
+        self._last_poll = 0.0
+
+    async def setup(self) -> None:
+        await super().setup()
+        await self.progress.start()
+
+    async def teardown(self) -> None:
+        await self.progress.stop()
+        await super().teardown()
+
+    def _highwater(self, tp: TopicPartition) -> int | None:
+        """The fetcher's high watermark, or the last poll's end offset when that is newer."""
+        ends = [e for e in (self.highwater(tp), self.progress.end(tp)) if e is not None]
+        return max(ends) if ends else None
 
     # ------------------------------------------------------------------ state
     async def restore(self, partitions: list[TopicPartition]) -> None:
@@ -245,7 +268,8 @@ class JoinStage(StatefulStage):
             model_version="",
             content_type=content_type,
         ) + extra_headers
-        return OutRecord(topic=self.io.output_topic, key=key, value=value, headers=headers)
+        timestamp = None if self.node.to_result else state.first_ms  # a next step keeps the request's time
+        return OutRecord(topic=self.io.output_topic, key=key, value=value, headers=headers, timestamp_ms=timestamp)
 
     # ------------------------------------------------------------------ windows
     def next_tick_s(self) -> float:
@@ -261,6 +285,10 @@ class JoinStage(StatefulStage):
         if now - self._last_sweep < 0.2:
             return
         self._last_sweep = now
+        if now - self._last_poll >= _POLL_S and any(not entry.state.done for entry in self.states):
+            self._last_poll = now
+            assert self._consumer is not None
+            await self.progress.poll(self._consumer, {tp.partition for tp in self._owned})
         watermarks: dict[int, int] = {}
         out: list[OutRecord] = []
         for entry in self.states:
@@ -270,9 +298,13 @@ class JoinStage(StatefulStage):
             if mark is None:
                 mark = watermarks[entry.partition] = self._watermark(entry.partition)
             if mark - entry.state.first_ms >= self.node.window_ms:
+                log.info("%s: join %r expired (event time %d ms past its start)", self.io.stage, entry.key, mark - entry.state.first_ms)
                 out += self._expire(entry)
         for entry in self.states.due():
-            out += self._evict(entry)  # retention over: a marker is deleted, an open join expires
+            if entry.state.done:
+                out += self._evict(entry)  # retention over: the marker is deleted
+            else:
+                self.states.touch(entry.key)  # open: its window closes it (event time), not the wall clock
         if out:
             await self.produce_all_unowned(out)  # all enqueued first: one round trip, not one per join
         self.metrics.state_keys.labels(self.io.stage).set(len(self.states))

@@ -275,6 +275,7 @@ class BatchingStage(StreamStage):
                 value=value,
                 headers=headers,
                 request_timestamp_ms=item.record.timestamp,
+                timestamp_ms=item.record.timestamp if self.io.emit_requests else None,
             ),
         )
 

@@ -21,14 +21,13 @@ Triton 2.51 with the default version policy (``latest { num_versions: 1 }``):
   with); the switch is logged ("model X: now serving version 2").
 - ``unload``: requests fail at once with ``NOT_FOUND: Request for unknown model:
   'X' has no available versions`` (a pinned version: ``UNAVAILABLE: ... version
-  1 is not at ready state``), also while the model is still UNLOADING. While the
-  repository index says LOADING or UNLOADING, that is an *outage* (the request
-  waits: a reload in progress); once the model has settled not loaded it is
-  *permanent*, dead-lettered as ``model-unavailable``, whatever the status code.
+  1 is not at ready state``), also while the model is still UNLOADING. Whatever
+  the index says (UNLOADING, or settled ``UNAVAILABLE: unloaded``), that is an
+  *outage* of the stage (pipeline/triton/failures.py says why): the batch waits,
+  consumption pauses, readiness goes off; nothing is dead-lettered.
 - ``load`` after an unload: requests fail "no available versions" while Triton
-  fetches the model from the store (index still ``UNAVAILABLE: unloaded``:
-  permanent, the model is not loaded) and while it is LOADING (outage: they
-  wait), and succeed once it is READY. A failure whose index read already says
+  fetches the model from the store and while it is LOADING (outage: they keep
+  waiting), and succeed once it is READY. A failure whose index read already says
   READY lost that race and is retried (transient).
 """
 
@@ -61,11 +60,9 @@ class TritonModelBackend:
     def __init__(
         self, settings: TritonSettings, model: str, model_version: str = "", *, call_timeout_s: float = 30.0
     ) -> None:
-        self.settings = settings
-        self.model = model
-        self.model_version = model_version
-        self.call_timeout_s = call_timeout_s
+        self.settings, self.model, self.model_version = settings, model, model_version
         self.name = model
+        self.call_timeout_s = call_timeout_s
         self.device: str | None = None
         self.description: ModelDescription | None = None
         self._client: triton_aio.InferenceServerClient | None = None

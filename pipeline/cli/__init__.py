@@ -11,6 +11,7 @@ import sys
 
 # Importing registers the sub-commands on `app`.
 from pipeline.cli import consume as _consume  # noqa: F401
+from pipeline.cli import deploy as _deploy  # noqa: F401
 from pipeline.cli import models as _models  # noqa: F401
 from pipeline.cli import produce as _produce  # noqa: F401
 from pipeline.cli import run as _run  # noqa: F401

@@ -73,6 +73,20 @@ def human_size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _byte_size(text: str) -> int:
+    """``2GiB``, ``500MB`` or plain bytes, parsed by pydantic's ``ByteSize``; at least 1 byte."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    hint = "'--max-file-size' / PIPELINE_MODELS_MAX_FILE_SIZE"
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise typer.BadParameter(f"{text!r} is not a size (e.g. 2147483648, 500MB, 2GiB)", param_hint=hint) from None
+    if size < 1:
+        raise typer.BadParameter("must be at least 1 byte", param_hint=hint)
+    return size
+
+
 def _versions_text(versions: list[int]) -> str:
     return ", ".join(map(str, versions)) or "-"
 
@@ -118,16 +132,26 @@ def push(
             "Needs a Triton endpoint in explicit model-control mode.",
         ),
     ] = False,
+    max_file_size: Annotated[
+        str,
+        typer.Option(
+            "--max-file-size",
+            help="Refuse any file larger than this: bytes, or a size such as 500MB or 8GiB.",
+            envvar="PIPELINE_MODELS_MAX_FILE_SIZE",
+            metavar="SIZE",
+        ),
+    ] = "2GiB",  # repository.DEFAULT_MAX_FILE_BYTES, as a person writes it
 ) -> None:
     """Validate models, upload them to the S3 model store, and optionally load them on Triton.
 
     Every model is validated first (config.pbtxt parses, its name matches the
-    directory, version directories hold files); nothing is uploaded if one is
+    directory, version directories hold files, no file is over --max-file-size,
+    no symbolic link points out of the folder); nothing is uploaded if one is
     invalid. A push replaces the stored copy: files gone locally are deleted.
     """
     from pipeline.modelstore.repository import scan_repository
 
-    models = scan_repository(directory, only=model)
+    models = scan_repository(directory, only=model, max_file_bytes=_byte_size(max_file_size))
     endpoints = resolve_endpoints(need=("s3", "triton") if load else ("s3",))
     admin = _admin(endpoints.triton) if load else None
     if admin is not None:

@@ -12,6 +12,7 @@ from pipeline.cli.app import app, console
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
 from pipeline.errors import ConfigError
+from pipeline.runtime.health import DEFAULT_HOST
 from pipeline.runtime.runner import RunningProcess, run_topology
 from pipeline.settings import Endpoints
 from pipeline.topology.loader import load_topology
@@ -46,6 +47,13 @@ def endpoints_for(topology: Topology) -> tuple[Endpoints, EmbeddedStack | None]:
     return stack.endpoints, stack
 
 
+def _url_host(host: str) -> str:
+    """Where a person on this machine reaches a server bound to ``host``."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 @app.command()
 def run(
     topology_file: Path = typer.Argument(..., metavar="TOPOLOGY", help="Topology YAML file."),
@@ -56,6 +64,13 @@ def run(
     ),
     http_port: int = typer.Option(
         None, "--http-port", help="Port for /healthz, /readyz, /metrics (default: the topology's)."
+    ),
+    health_host: str = typer.Option(
+        DEFAULT_HOST,
+        "--health-host",
+        envvar="PIPELINE_HEALTH_HOST",
+        help="Address /livez, /readyz and /metrics listen on; 0.0.0.0 for probes from outside "
+        "(Kubernetes).",
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
@@ -75,13 +90,15 @@ def run(
         names = ", ".join(s.io.stage for s in process.stages or [])
         console.print(
             f"topology [bold]{topology.name}[/] running stages {names}; "
-            f"health/metrics on http://127.0.0.1:{process.health_port}/metrics"
+            f"health/metrics on http://{_url_host(health_host)}:{process.health_port}/metrics"
         )
         console.print(f"requests: {topology.input_topic}  results: {topology.result_topic}  "
                       f"dead letters: {topology.dead_letter_topic}")
 
     try:
-        asyncio.run(run_topology(topology, endpoints, only_stages=stage, http_port=http_port, on_ready=ready))
+        asyncio.run(run_topology(
+            topology, endpoints, only_stages=stage, http_port=http_port, http_host=health_host, on_ready=ready
+        ))
     finally:
         if stack is not None:
             stack.stop()

@@ -15,6 +15,9 @@ from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, state_file, write_stack_state
 from pipeline.errors import ConfigError, PipelineError
 
+_SECRETS = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
+"""Variables of the stack's environment that are credentials: written to the state file, never printed."""
+
 
 class _Stop(Exception):
     """Raised from the signal handler to leave the foreground wait."""
@@ -103,5 +106,12 @@ def _print_endpoints(env: dict[str, str], stack: EmbeddedStack, elapsed: float) 
     console.print(table)
     console.print("Point other tools at it (other `pipeline` commands find it by themselves):")
     for key, value in env.items():
-        console.print(f"export {key}={value}", highlight=False, soft_wrap=True)
+        if key not in _SECRETS:
+            console.print(f"export {key}={value}", highlight=False, soft_wrap=True)
+    console.print(
+        f"S3 keys: random for this stack, kept in {state_file()} (readable by you only), never printed; "
+        "the embedded S3 store accepts any key.",
+        highlight=False,
+        soft_wrap=True,
+    )
     console.print("Press Ctrl-C (or run `pipeline down`) to stop.")

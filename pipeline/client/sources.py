@@ -59,6 +59,10 @@ if TYPE_CHECKING:
 DEFAULT_LENGTH = 16
 
 
+#: RequestTemplate fields that are encode_request's arguments of the same names.
+_TEMPLATE_ARGUMENTS = ("model_name", "model_version", "datatypes", "requested_outputs", "parameters")
+
+
 @dataclass(frozen=True, eq=False)
 class RequestTemplate:
     """One request's content before it is given a correlation id and encoded.
@@ -233,17 +237,14 @@ class RecordBuilder:
         own = template.own_id if self.options.keep_ids else None
         correlation_id = own or self.next_id()
         key = self.options.key if self.options.key is not None else template.sequence_key
+        described = {name: getattr(template, name) for name in _TEMPLATE_ARGUMENTS}
         return encode_request(
             template.inputs,
             correlation_id=correlation_id,
             form=self.options.form,
-            model_name=template.model_name,
-            model_version=template.model_version,
-            datatypes=template.datatypes,
-            requested_outputs=template.requested_outputs,
-            parameters=template.parameters,
             priority=self.options.priority,
             key=key if key is not None else correlation_id,
+            **described,
         )
 
 

@@ -102,6 +102,7 @@ class ClaimCheckStore:
             region=settings.region,
             http_client=urllib3.PoolManager(
                 timeout=Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+                ca_certs=settings.ca_bundle(),
                 retries=Retry(total=2, connect=1, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
             ),
         )

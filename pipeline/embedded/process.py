@@ -117,12 +117,37 @@ class SupervisedProcess:
             return "(no log)"
         return "\n".join(text[-lines:])
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once, as a crash would: nothing is flushed.
+
+        :meth:`start` brings the service back with the same arguments (same port, same
+        storage), which is how fault tests restart a broker or a Triton."""
+        proc = self._proc
+        if proc is None:
+            return
+        _signal_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=self.stop_timeout)
+        self._proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP the process group: its sockets stay open but nothing answers, the way an
+        overloaded or partitioned server looks to its clients (unlike a refused connection)."""
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left after the timeout."""
         proc = self._proc
         if proc is None:
             return
         _signal_group(proc.pid, signal.SIGTERM)
+        _signal_group(proc.pid, signal.SIGCONT)  # a paused service must see its SIGTERM now
         try:
             proc.wait(timeout=self.stop_timeout)
         except subprocess.TimeoutExpired:

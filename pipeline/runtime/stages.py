@@ -17,6 +17,7 @@ from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.errors import ConfigError
 from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.clients import RecordLimits
+from pipeline.kafka.progress import Upstream
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.graph import JoinNode
@@ -101,6 +102,9 @@ def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
         max_open=ctx.topology.max_open_joins,
         to_result=to_result,
         select=tuple(outputs) if to_result and outputs is not None else None,
+        upstream=tuple(
+            Upstream(ctx.topology.group_id(stage), topic) for stage, topic in ctx.topology.graph().feeding(node.name)
+        ),
     )
     return JoinStage(
         ctx.io,

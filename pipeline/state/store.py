@@ -11,7 +11,9 @@ joins: one per correlation ID), once:
   partition numbers (a join's branches) restore each number once.
 - **Checkpoints and tombstones** are :class:`~pipeline.kafka.outbox.OutRecord`
   values the stage hands to the outbox, *after* the outputs they account for
-  (``after_acks``), so a restored state never runs ahead of what was produced.
+  (``after_acks``), so a restored state never runs ahead of what was produced; and
+  through the membership fence (:mod:`pipeline.kafka.membership`), so a worker frozen
+  past its session never writes one late, over the checkpoint of the key's new owner.
 - **Expiry.** Every entry has a time-to-live, renewed by :meth:`put` and
   :meth:`touch`; restored entries start theirs at restore time, so a state that
   is restored but never touched again still expires. :meth:`due` hands expired

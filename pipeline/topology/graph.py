@@ -94,6 +94,26 @@ class Graph:
             seen.setdefault(join.output_topic)
         return list(seen)
 
+    def feeding(self, join: str) -> list[tuple[str, str]]:
+        """``(stage, input topic)`` of every step and join upstream of ``join``: what must
+        have finished its input before a branch the join has read to its end is complete."""
+        found: dict[tuple[str, str], None] = {}
+        todo, seen = list(self.joins[join].branches), set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in self.steps:
+                step = self.steps[name]
+                found[(name, step.input_topic)] = None
+                todo += step.upstream
+            else:
+                node = self.joins[name]
+                found.update(dict.fromkeys((name, topic) for topic in node.input_topics))
+                todo += node.branches
+        return sorted(found)
+
 
 def compile_graph(
     *,

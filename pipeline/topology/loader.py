@@ -40,6 +40,10 @@ from pipeline.topology.model import Topology
 
 KeyPath = tuple[str | int, ...]
 
+#: Names a topology may not interpolate: a value read into a topic or model name would be
+#: created, logged and printed, so a topology file could copy a worker's secret out.
+_CREDENTIAL_NAME = re.compile(r"SECRET|PASSW|TOKEN|CREDENTIAL|(PRIVATE|ACCESS|API)_KEY", re.IGNORECASE)
+
 _REFERENCE = re.compile(
     r"\$\$\{"  # escaped: a literal "${"
     r"|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}"
@@ -149,6 +153,13 @@ class TopologyLoader(yaml.SafeLoader):
                     path,
                     "malformed variable reference: use ${NAME}, ${NAME:-default} or $${ for "
                     "a literal ${",
+                )
+            if _CREDENTIAL_NAME.search(name):
+                raise _Located(
+                    node.start_mark,
+                    path,
+                    f"environment variable {name} looks like a credential: a topology may not read "
+                    "credentials (they are settings from the environment only, see docs/security.md)",
                 )
             value = self.environ.get(name)
             default = match.group("default")

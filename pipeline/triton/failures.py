@@ -7,11 +7,19 @@ available", so the status alone cannot tell: the message, the repository index
 and the server's readiness are consulted too.
 
 Live model management, as observed on Triton 2.51 (see workers/triton_backend.py
-for the whole reload story): while the repository index says LOADING or
-UNLOADING the failure is an *outage* (a reload in progress: wait); a model that
-has settled not loaded is *permanent* (``model-unavailable``: loading it is a
-person's decision, not a retry's); a failure whose index read already says READY
-lost that race and is *transient*.
+for the whole reload story): a model that is not loaded, whether being loaded or
+unloaded right now or settled unloaded (a person unloaded it, a load failed), is an
+*outage* of the stage, not the request's fault: the stage's model is fixed by the
+topology and checked for every request before it is sent (a request naming
+another model or a version other than the pinned one is dead-lettered there), so
+no request could succeed until the model is back, and dead-lettering them would
+turn an unload, a failed reload or a maintenance window into every record of the
+meantime needing a manual replay. So they wait, consumption pauses and the
+watchdog turns readiness off, as for a Triton that is down; loading the model
+again (`pipeline models load`) resumes the stage with nothing lost. A failure
+whose index read already says READY (a version became ready meanwhile, or the
+request named a version that is not the one serving) is *transient*: retried,
+then dead-lettered, so a request for a version that never comes cannot wait forever.
 
 Hangs: every call carries a client deadline (the stage's ``call_timeout_s``), so a
 Triton that stops answering (process stopped, deadlocked) ends each call with
@@ -71,20 +79,10 @@ class TritonFailureClassifier:
             return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, f"Triton overloaded: {message}")
         error_class = error_class_of(status, message)
         if error_class is ErrorClass.MODEL_UNAVAILABLE:
-            states = await self.model_states()
-            if states is None or states & {"LOADING", "UNLOADING"}:
-                # Being (re)loaded or unloaded, or no index to tell: wait, as for an outage.
-                reason = f"{message} (model {self.model} is being loaded or unloaded)"
-                return Failure(FailureKind.OUTAGE, error_class, reason)
-            if "READY" in states:
-                # It became ready between the failure and the index read: try again.
-                return Failure(FailureKind.TRANSIENT, error_class, f"{message} (model {self.model} is ready again)")
+            return unloaded_model_failure(self.model, message, await self.model_states())
         if not await self.server_ready():
             # Unreachable, hung, starting or shutting down: the server's problem, not the request's.
             return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, message)
-        if error_class is ErrorClass.MODEL_UNAVAILABLE:
-            reason = f"model {self.model!r} is not loaded on Triton: {message}"
-            return Failure(FailureKind.PERMANENT, error_class, reason)
         kind = FailureKind.TRANSIENT if status in TRANSIENT_STATUSES else FailureKind.PERMANENT
         return Failure(kind, error_class, message)
 
@@ -106,6 +104,20 @@ class TritonFailureClassifier:
             return bool(await self.client.is_server_ready(client_timeout=self.probe_timeout_s))
         except InferenceServerException:
             return False
+
+
+def unloaded_model_failure(model: str, message: str, states: set[str] | None) -> Failure:
+    """Triton said the stage's model is not loaded; ``states`` are its versions' states in
+    the repository index (None: the index could not be read). READY somewhere: transient
+    (it became ready meanwhile, or the request named a version that is not the one serving);
+    otherwise an outage of the stage, waited out (see the module docstring)."""
+    if states is not None and "READY" in states:
+        return Failure(FailureKind.TRANSIENT, ErrorClass.MODEL_UNAVAILABLE, f"{message} (model {model} is ready)")
+    if states is None or states & {"LOADING", "UNLOADING"}:
+        reason = f"{message} (model {model} is being loaded or unloaded)"
+    else:
+        reason = f"model {model!r} is not loaded on Triton; waiting until it is: {message}"
+    return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, reason)
 
 
 def is_connection_failure(status: str, message: str) -> bool:

@@ -6,16 +6,27 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from pipeline.contract.records import Record
+from pipeline.settings import KafkaSettings
 
 
-async def produce(bootstrap: str, topic: str, records: Sequence[Record], *, rate: float = 0.0) -> None:
+def _connection(bootstrap: str | KafkaSettings) -> dict[str, Any]:
+    """A plaintext bootstrap string, or full client settings (TLS, SASL) as every client gets them."""
+    if isinstance(bootstrap, KafkaSettings):
+        return bootstrap.client_kwargs()
+    return {"bootstrap_servers": bootstrap}
+
+
+async def produce(
+    bootstrap: str | KafkaSettings, topic: str, records: Sequence[Record], *, rate: float = 0.0
+) -> None:
     """Send ``records`` (all acknowledged on return); ``rate`` > 0 paces them per second."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    producer = AIOKafkaProducer(**_connection(bootstrap), linger_ms=5, acks="all")
     await producer.start()
     try:
         started = time.monotonic()
@@ -40,7 +51,7 @@ class Collected:
 
 
 async def collect(
-    bootstrap: str,
+    bootstrap: str | KafkaSettings,
     topics: Sequence[str],
     *,
     done: Callable[[list[ConsumerRecord[bytes, bytes]]], bool],
@@ -48,7 +59,7 @@ async def collect(
 ) -> Collected:
     """Read ``topics`` from the beginning until ``done(records)`` or ``timeout`` seconds."""
     consumer = AIOKafkaConsumer(
-        *topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None, enable_auto_commit=False
+        *topics, **_connection(bootstrap), auto_offset_reset="earliest", group_id=None, enable_auto_commit=False
     )
     await consumer.start()
     records: list[ConsumerRecord[bytes, bytes]] = []

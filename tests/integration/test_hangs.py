@@ -27,19 +27,11 @@ from aiokafka.structs import ConsumerRecord
 from pipeline.contract.records import Record
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
+from tests.helpers import streams as st
 from tests.helpers import topology_process as tp
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import Collected, header, produce
 from tests.helpers.own_triton import OwnTriton
-from tests.helpers.streams import (
-    SEQUENCE_STAGE,
-    assert_stream_matches,
-    expected,
-    gather,
-    interleave,
-    stream_records,
-    utterance,
-)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -191,10 +183,10 @@ def test_hung_triton_under_a_sequence_stage_is_an_outage_not_a_loss(
     kafka_bootstrap: str, own_triton: OwnTriton, tmp_path: Path
 ) -> None:
     streams = {f"seq-{i:02d}": i % 3 for i in range(8)}
-    stage = dict(SEQUENCE_STAGE, call_timeout_s=CALL_TIMEOUT_S, stall_after_s=STALL_AFTER_S + 1)
+    stage = dict(st.SEQUENCE_STAGE, call_timeout_s=CALL_TIMEOUT_S, stall_after_s=STALL_AFTER_S + 1)
     stage["retry"] = {"initial_backoff_ms": 50.0, "max_backoff_ms": 500.0}
     topo = tp.write_topology(tmp_path, partitions=2, stages=[stage])
-    records = interleave([stream_records(key, utterance(u)) for key, u in streams.items()])
+    records = st.interleave([st.stream_records(key, st.utterance(u)) for key, u in streams.items()])
     with tp.pipeline_process(topo, own_triton.env, tmp_path) as worker:
         producer = _producing(kafka_bootstrap, topo, records, rate=200.0)
         deadline = time.monotonic() + 60
@@ -211,7 +203,7 @@ def test_hung_triton_under_a_sequence_stage_is_an_outage_not_a_loss(
         assert worker.terminate() == 0, worker.log()
 
     dead = out.on(topo.dead_letter_topic)
-    results = gather(out.on(topo.result_topic))
+    results = st.gather(out.on(topo.result_topic))
     duplicates = sum(results[key].duplicates for key in streams if key in results)
     print(
         f"\nsequence hang: {len(records)} chunks in {len(streams)} streams, {len(dead)} dead letters, "
@@ -220,7 +212,7 @@ def test_hung_triton_under_a_sequence_stage_is_an_outage_not_a_loss(
     assert dead == []
     assert set(results) == set(streams)
     for key, u in streams.items():
-        assert_stream_matches(results[key], expected(u), key)
+        st.assert_stream_matches(results[key], st.expected(u), key)
 
 
 def _summaries(keys: set[str]) -> Callable[[list[ConsumerRecord[bytes, bytes]]], bool]:

@@ -419,50 +419,49 @@ def test_pinned_version_keeps_serving_version_1_after_version_2_is_loaded(
 
 
 @pytest.mark.parametrize("pin", ["", "1"], ids=["latest", "pinned"])
-def test_unloaded_model_dead_letters_requests_and_serves_again_after_load(
+def test_unloaded_model_makes_requests_wait_and_serves_them_after_load(
     pin: str,
     live_model: Callable[..., LiveModel],
     kafka_bootstrap: str,
     cli_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
+    """An unloaded model is an outage of its stage (pipeline/triton/failures.py says why):
+    requests wait, nothing is dead-lettered, and all are served once it is loaded again."""
     model = live_model()
     model.push([1], load=True)
     topo = write_topology(tmp_path, partitions=2, stage={"model": model.name, "model_version": pin})
     batches = {name: _requests(20, f"unload-{name}", seed=30 + i) for i, name in enumerate(("before", "gone", "back"))}
 
-    def send(name: str) -> tuple[list[Rec], list[Rec]]:
+    def send(name: str, timeout: float = 120) -> tuple[list[Rec], list[Rec]]:
         records, _ = batches[name]
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, records))
-        return _collect_ids(kafka_bootstrap, topo, {f"unload-{name}-{i}" for i in range(20)})
+        return _collect_ids(kafka_bootstrap, topo, {f"unload-{name}-{i}" for i in range(20)}, timeout=timeout)
 
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         results, dead = send("before")
         assert len(results) == 20 and dead == []
 
         assert f"unloaded {model.name}" in model.unload()
-        results, gone = send("gone")
-        assert results == []
-        assert sorted(r.key.decode() for r in gone if r.key) == sorted(f"unload-gone-{i}" for i in range(20))
+        results, gone = send("gone", timeout=8)
+        assert results == [] and gone == [], "requests for an unloaded model wait"
         assert worker.proc is not None and worker.proc.poll() is None, "the worker must not crash"
         assert worker.get("/healthz")[0] == 200
-        dead_metric = worker.metric("pipeline_dead_letters_total")
+        retries = worker.metric("pipeline_triton_retries_total")
 
         model.load()
         results, dead = send("back")
-        assert dead == [], [read_dead_letter(r.headers) for r in dead]
+        waited, dead_gone = _collect_ids(kafka_bootstrap, topo, {f"unload-gone-{i}" for i in range(20)})
+        dead_metric = worker.metric("pipeline_dead_letters_total")
         assert worker.terminate() == 0, worker.log()
 
-    letters = [read_dead_letter(r.headers) for r in gone]
-    assert dead_metric == 20
-    for letter in letters:
-        assert letter.error_class == "model-unavailable", letter
-        assert letter.stage == "classify"
-        assert f"model {model.name!r} is not loaded on Triton" in letter.reason, letter.reason
-    _, f_back = batches["back"]
-    assert len(results) == 20
-    assert {_version_checked(r, f_back, "unload-back", model.name) for r in results} == {"1"}
-    print(f"\nunload ({pin or 'latest'}): 20 dead letters, e.g. {letters[0].error_class}: {letters[0].reason}")
+    assert dead == dead_gone == [] and dead_metric == 0, [read_dead_letter(r.headers) for r in dead + dead_gone]
+    assert retries > 0, "the stage never found the model missing"
+    for name, answered in (("gone", waited), ("back", results)):
+        _, features = batches[name]
+        assert len(answered) == 20
+        assert {_version_checked(r, features, f"unload-{name}", model.name) for r in answered} == {"1"}
+    print(f"\nunload ({pin or 'latest'}): 20 requests waited ({retries:.0f} retries), all served after load")
 
 
 # ------------------------------------------------------------------ the backend itself
@@ -473,7 +472,7 @@ def test_backend_follows_a_version_switch_and_classifies_an_unloaded_model(
 ) -> None:
     """``TritonModelBackend`` alone against the real Triton: a pinned backend sends its
     version, a following one describes the model again after the switch, and a call to
-    an unloaded model is a permanent ``model-unavailable`` failure (not an outage)."""
+    an unloaded model is a ``model-unavailable`` outage (waited out, not dead-lettered)."""
     model = live_model(version_policy="version_policy: { all { } }\n")
     model.push([1], load=True)
     features = np.random.default_rng(41).standard_normal((3, IN_FEATURES)).astype(np.float32)
@@ -509,12 +508,12 @@ def test_backend_follows_a_version_switch_and_classifies_an_unloaded_model(
                 with pytest.raises(InferenceServerException) as raised:
                     await backend.run([request])
                 failure = await backend.classify(raised.value)
-                assert failure.kind is FailureKind.PERMANENT, failure
+                assert failure.kind is FailureKind.OUTAGE, failure
                 assert failure.error_class is ErrorClass.MODEL_UNAVAILABLE, failure
                 assert f"model {model.name!r} is not loaded on Triton" in failure.reason
                 print(f"\n{backend.model_version or 'latest'}: {raised.value.status()} -> {failure}")
 
-            # Loaded again: while Triton's index says LOADING, a failure is an outage (wait).
+            # Loaded again: until Triton's index says READY, a failure is an outage (wait).
             loading = asyncio.create_task(asyncio.to_thread(model.load))
             kinds: list[FailureKind] = []
             deadline = time.monotonic() + 120
@@ -527,15 +526,12 @@ def test_backend_follows_a_version_switch_and_classifies_an_unloaded_model(
                     await asyncio.sleep(0.02)
             await loading
             assert out.model_version == "2"
-            assert FailureKind.OUTAGE in kinds, kinds
-            since = kinds.index(FailureKind.OUTAGE)
-            # Once loading, a request waits (outage) or retries (transient: it became READY
-            # between the failure and the index read); it is never dead-lettered.
-            assert FailureKind.PERMANENT not in kinds[since:], kinds
+            # Until it is READY a request waits (outage) or retries (transient: it became
+            # READY between the failure and the index read); it is never dead-lettered.
+            assert FailureKind.OUTAGE in kinds and FailureKind.PERMANENT not in kinds, kinds
             print(
-                f"while loading again: {since} permanent failures (not loading yet), "
-                f"{kinds[since:].count(FailureKind.OUTAGE)} outages (LOADING), "
-                f"{kinds[since:].count(FailureKind.TRANSIENT)} transient (READY by the index read), then served"
+                f"while loading again: {kinds.count(FailureKind.OUTAGE)} outages (not loaded yet), "
+                f"{kinds.count(FailureKind.TRANSIENT)} transient (READY by the index read), then served"
             )
         finally:
             for backend in (latest, pinned):

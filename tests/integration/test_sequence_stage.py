@@ -158,34 +158,29 @@ def _check_faulted(results: dict, streams: dict[str, tuple[int, int]], record_pr
 
 
 @TOPOLOGIES
-def test_worker_kill_9_mid_stream_changes_no_output(
+@pytest.mark.parametrize("fault", ["kill_9", "triton_restart"])
+def test_a_worker_or_triton_crash_mid_stream_changes_no_output(
     stages: list[dict],  # type: ignore[type-arg]
-    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty
+    fault: str, kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path,
+    record_property: pytest.RecordProperty, request: pytest.FixtureRequest,
 ) -> None:
-    streams = _streams("kill", 12)
+    """kill -9 of the worker (no drain, no commit, no hand-back), or Triton stopped and started
+    (every sequence's state in Triton is gone): the outputs equal a fault-free run's."""
+    streams = _streams(fault.replace("_", "-"), 12)
+    own_triton: OwnTriton | None = request.getfixturevalue("own_triton") if fault == "triton_restart" else None
+    env = own_triton.env if own_triton is not None else cli_env
 
-    def crash(worker: PipelineProcess) -> PipelineProcess:
-        worker.kill()  # no drain, no commit, no hand-back
-        return PipelineProcess(worker.topology, cli_env, tmp_path / "restarted.log").start()
-
-    results = _fault_run(stages, kafka_bootstrap, cli_env, tmp_path, streams, crash)
-    _check_faulted(results, streams, record_property, "kill_9")
-
-
-@TOPOLOGIES
-def test_triton_restart_mid_stream_changes_no_output(
-    stages: list[dict],  # type: ignore[type-arg]
-    kafka_bootstrap: str, own_triton: OwnTriton, tmp_path: Path, record_property: pytest.RecordProperty
-) -> None:
-    streams = _streams("restart", 12)
-
-    def restart_triton(_worker: PipelineProcess) -> None:
-        own_triton.process.stop()  # every sequence's state in Triton is gone
+    def crash(worker: PipelineProcess) -> PipelineProcess | None:
+        if own_triton is None:
+            worker.kill()
+            return PipelineProcess(worker.topology, cli_env, tmp_path / "restarted.log").start()
+        own_triton.process.stop()
         time.sleep(2)
         own_triton.process.start()
+        return None
 
-    results = _fault_run(stages, kafka_bootstrap, own_triton.env, tmp_path, streams, restart_triton)
-    _check_faulted(results, streams, record_property, "triton_restart")
+    results = _fault_run(stages, kafka_bootstrap, env, tmp_path, streams, crash)
+    _check_faulted(results, streams, record_property, fault)
 
 
 @TOPOLOGIES

@@ -7,6 +7,9 @@
 - A NaN chunk is refused by the sequence stage itself, and the stream goes on.
 - Chunk 0 with sequence_start on a key whose stream ended starts the key's next stream;
   a replay of the ended stream's chunk 0 is dropped (counted), not restarted.
+
+A corrupt checkpoint of a stream is part of the fault campaign, with figures
+(tests/integration/test_triton_faults.py).
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ import numpy as np
 import pytest
 
 from pipeline.contract.records import Record, read_dead_letter
-from pipeline.kafka.clients import ensure_topics
-from pipeline.settings import KafkaSettings
 from tests.helpers.kafka_io import Collected, header, produce
 from tests.helpers.streams import AUDIO_STAGES, SEQUENCE_STAGE, chunk_records, gather, utterance
 from tests.helpers.topology_process import TopologyFiles, collect_outputs, pipeline_process, write_topology
@@ -136,23 +137,3 @@ def test_a_new_stream_on_an_ended_key_starts_and_a_replayed_chunk_0_does_not(
     )
     np.testing.assert_allclose(got_second, want_second, atol=1e-5)
 
-
-def test_a_corrupt_checkpoint_is_dead_lettered_and_its_key_starts_fresh(
-    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
-) -> None:
-    topo = write_topology(tmp_path, partitions=1, stages=[SEQUENCE_STAGE])
-    garbage = Record(key=b"broken", value=b'{"v": 2, "kind": "sequence", "state": {"next_index": "x"}}', headers=[])
-    state_topic = f"{topo.name}.vad.state"
-    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
-    asyncio.run(ensure_topics(kafka, [state_topic], partitions=1, replication_factor=1, compacted=[state_topic]))
-    asyncio.run(produce(kafka_bootstrap, state_topic, [garbage]))
-    audio = utterance(2)[: 5 * CHUNK]
-    records = chunk_records("broken", [audio[i * CHUNK : (i + 1) * CHUNK] for i in range(5)])
-    out = _run_until_summaries(kafka_bootstrap, cli_env, tmp_path, topo, records, timeout=60)
-    dead = out.on(topo.dead_letter_topic)
-    assert [(r.key, r.value, read_dead_letter(r.headers).error_class) for r in dead] == [
-        (b"broken", garbage.value, "corrupt-state")
-    ]
-    stream = gather(out.on(topo.result_topic))["broken"]
-    assert sorted(stream.chunks) == list(range(5)), "the key started a fresh stream"
-    np.testing.assert_allclose(stream.probabilities(), VadStream(vad_session()).run(to_chunks(audio)), atol=1e-5)

@@ -1,16 +1,19 @@
 """Local model repository validation: what `pipeline models push` refuses, and why.
 
-Pure file-system logic on ``tmp_path``; no services.
+Pure file-system logic on ``tmp_path``; no services (the CLI test runs `pipeline
+models push` with no store configured: the refusals come before any connection).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.modelstore.repository import LocalModel, scan_repository
+from pipeline.modelstore.repository import DEFAULT_MAX_FILE_BYTES, LocalModel, scan_repository
+from tests.helpers.cli import assert_one_line_error, run_cli
 
 DENSE_CONFIG = """\
 name: "dense"
@@ -183,3 +186,106 @@ def test_path_is_a_file(tmp_path: Path) -> None:
 def test_empty_repository(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no model directories"):
         scan_repository(tmp_path)
+
+
+# --------------------------------------------------------------------------- what a push must never upload
+
+
+def test_link_out_of_the_model_folder_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "home" / "credentials"
+    outside.parent.mkdir()
+    outside.write_text("not for the bucket")
+    repo = tmp_path / "repo"
+    model_dir = make_model(repo, "dense")
+    (model_dir / "1" / "weights.bin").symlink_to(outside)
+    with pytest.raises(ConfigError) as info:
+        scan_repository(repo)
+    assert str(info.value) == (
+        f"{model_dir / '1' / 'weights.bin'}: symbolic link to {outside} points outside {model_dir}; "
+        "copy the file in instead"
+    )
+
+
+def test_links_out_are_refused_for_folders_configs_and_model_directories(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    make_model(outside, "stolen")
+    (outside / "config.pbtxt").write_text("secret: 1\n")  # a parse error would quote it
+    repo = tmp_path / "repo"
+
+    model_dir = make_model(repo, "dense")
+    (model_dir / "1" / "data").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ConfigError, match=r"1/data: symbolic link to .* points outside"):
+        scan_repository(repo)
+    (model_dir / "1" / "data").unlink()
+
+    (model_dir / "config.pbtxt").unlink()
+    (model_dir / "config.pbtxt").symlink_to(outside / "config.pbtxt")
+    with pytest.raises(ConfigError, match=r"dense/config\.pbtxt: symbolic link to .* points outside") as info:
+        scan_repository(repo)
+    assert "secret" not in str(info.value)
+
+    (repo / "linked").symlink_to(outside / "stolen", target_is_directory=True)
+    with pytest.raises(ConfigError, match=rf"^{repo / 'linked'}: symbolic link to .* points outside {repo}"):
+        scan_repository(repo, only=["linked"])
+
+
+def test_links_inside_the_model_folder_are_followed(tmp_path: Path) -> None:
+    model_dir = make_model(tmp_path, "dense", versions={"1": {"model.onnx": "weights"}, "2": {"model.py": "x"}})
+    (model_dir / "2" / "model.onnx").symlink_to("../1/model.onnx")  # versions sharing weights
+    [model] = scan_repository(model_dir)
+    shared = {f.relpath: f.size for f in model.files}
+    assert shared["2/model.onnx"] == shared["1/model.onnx"] == len("weights")
+
+
+def test_broken_links_and_loops_are_refused(tmp_path: Path) -> None:
+    model_dir = make_model(tmp_path, "dense")
+    (model_dir / "1" / "gone.bin").symlink_to(model_dir / "1" / "never-there")
+    with pytest.raises(ConfigError, match=r"1/gone\.bin: symbolic link cannot be resolved \(broken, or a loop\)$"):
+        scan_repository(model_dir)
+    (model_dir / "1" / "gone.bin").unlink()
+    (model_dir / "1" / "again").symlink_to("..", target_is_directory=True)  # would recurse forever
+    with pytest.raises(ConfigError, match=r"1/again: symbolic link to .* contains itself \(a loop\)$"):
+        scan_repository(model_dir)
+
+
+def _sparse(path: Path, size: int) -> None:
+    """A file of ``size`` bytes that takes no disk space."""
+    with path.open("wb") as fh:
+        fh.truncate(size)
+
+
+def test_a_file_over_the_limit_is_refused_with_the_limit_named(tmp_path: Path) -> None:
+    model_dir = make_model(tmp_path, "dense")
+    _sparse(model_dir / "1" / "weights.bin", DEFAULT_MAX_FILE_BYTES)
+    [model] = scan_repository(model_dir)  # exactly the limit is fine
+    assert {f.relpath: f.size for f in model.files}["1/weights.bin"] == 2 * 1024**3
+
+    _sparse(model_dir / "1" / "weights.bin", DEFAULT_MAX_FILE_BYTES + 1)
+    with pytest.raises(ConfigError) as info:
+        scan_repository(model_dir)
+    assert str(info.value) == (
+        f"{model_dir / '1' / 'weights.bin'}: 2147483649 bytes is over the per-file limit of "
+        "2147483648 bytes (2.0GiB; raise it with --max-file-size)"
+    )
+    [model] = scan_repository(model_dir, max_file_bytes=DEFAULT_MAX_FILE_BYTES + 1)
+    assert model.size > DEFAULT_MAX_FILE_BYTES
+
+
+def test_push_refuses_before_looking_for_a_store(tmp_path: Path) -> None:
+    """The CLI path: one line naming the file, exit 1, and no S3 endpoint needed to say so."""
+    model_dir = make_model(tmp_path / "repo", "dense")
+    _sparse(model_dir / "1" / "weights.bin", 1001)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIPELINE_", "AWS_"))}
+    env["PIPELINE_STATE_DIR"] = str(tmp_path / "no-stack")
+
+    too_big = run_cli(env, "models", "push", str(model_dir), "--max-file-size", "1kB")
+    line = assert_one_line_error(too_big, "1001 bytes is over the per-file limit of 1000 bytes")
+    assert str(model_dir / "1" / "weights.bin") in line
+
+    (model_dir / "1" / "weights.bin").unlink()
+    (model_dir / "1" / "weights.bin").symlink_to(tmp_path)
+    linked = run_cli({**env, "PIPELINE_MODELS_MAX_FILE_SIZE": "1kB"}, "models", "push", str(model_dir))
+    assert_one_line_error(linked, f"{model_dir / '1' / 'weights.bin'}: symbolic link to {tmp_path} points outside")
+
+    bad_size = run_cli(env, "models", "push", str(model_dir), "--max-file-size", "lots")
+    assert bad_size.returncode == 2 and "'lots' is not a size" in bad_size.stderr

@@ -69,6 +69,15 @@ def test_example_loads_with_defaults() -> None:
     ]
 
 
+@pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "PIPELINE_KAFKA_SASL_PASSWORD", "API_TOKEN"])
+def test_a_topology_cannot_read_a_credential_from_the_environment(tmp_path: Path, name: str) -> None:
+    """A credential read into a topic name would be created, logged and printed: refused, set or not."""
+    path = tmp_path / "t.yaml"
+    path.write_text(ONE_STAGE.replace("input_topic: requests", "input_topic: ${" + name + ":-x}"))
+    with pytest.raises(ConfigError, match=f":2: input_topic: environment variable {name} looks like a credential"):
+        load_topology(path, environ={name: "s3cr3t-value"})
+
+
 def test_example_takes_endpoints_from_environment() -> None:
     topology = load_topology(EXAMPLE, environ={"KAFKA_BOOTSTRAP": "k:9092", "TRITON_URL": "t:8001"})
     assert topology.kafka.bootstrap_servers == "k:9092"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,8 +58,13 @@ class SequenceModel:
         max_inflight: int = 64,
         retry: RetryPolicy | None = None,
         call_timeout_s: float = 30.0,
+        admit: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
+        self.admit = admit
+        """Awaited before every call (the stage's membership fence): Triton keeps a stream's
+        state by sequence id for whichever worker calls, so a frozen worker's late frame would
+        corrupt the stream its partition's new owner now drives."""
         self.model = model
         self.model_version = model_version
         self.requested_input = model_input
@@ -138,6 +143,8 @@ class SequenceModel:
         client, outputs = self._client, [InferRequestedOutput(o.name) for o in self.description.outputs]
 
         async def attempt() -> dict[str, np.ndarray]:
+            if self.admit is not None:
+                await self.admit()
             start = not stream.live_in_triton
             inputs = [_tensor(self.model_input, window)]
             if start and resuming:

@@ -70,6 +70,7 @@ class ResultWriter:
             value=value,
             headers=headers,
             request_timestamp_ms=origin.timestamp or None,
+            timestamp_ms=origin.timestamp if self.io.emit_requests else None,
         )
 
     def emission(self, origin: Origin, emission: Emission) -> OutRecord:

@@ -75,6 +75,7 @@ class SequenceStage(StatefulStage):
             max_inflight=settings.max_inflight_requests,
             retry=settings.retry,
             call_timeout_s=settings.call_timeout_s,
+            admit=self.fence.admit_call,
         )
         self.idle_timeout_s = settings.idle_timeout_s or 60.0
         self.states = self.keyed_state(

@@ -1,0 +1,97 @@
+"""``pipeline deploy k8s TOPOLOGY``: a kustomize base generated from the topology.
+
+Generation only: nothing here talks to a cluster. ``kubectl apply -k DIR`` applies the
+result; ``kubectl kustomize DIR`` shows it. The options say where the services are and how
+big things are; what runs comes from the topology (:mod:`pipeline.deploy`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline.cli.app import app, console
+from pipeline.deploy import DeployOptions, Resources, generate, write_bundle
+from pipeline.deploy.options import DEFAULT_IMAGE, TRITON_IMAGE
+
+deploy_app = typer.Typer(
+    name="deploy",
+    help="Generate deployment manifests from a topology (the topology stays the single source of truth).",
+    no_args_is_help=True,
+)
+app.add_typer(deploy_app, name="deploy")
+
+_defaults = DeployOptions()
+_stage, _triton = _defaults.stage_resources, _defaults.triton_resources
+
+
+@deploy_app.command("k8s")
+def k8s(
+    topology_file: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="Topology YAML file.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder to write the base into (default: k8s/<topology name>).")
+    ] = None,
+    image: Annotated[str, typer.Option(help="Pipeline image (the repository's Dockerfile).")] = DEFAULT_IMAGE,
+    namespace: Annotated[str | None, typer.Option(help="Namespace of every object (default: kubectl's current one).")] = None,
+    kafka_bootstrap: Annotated[
+        str | None,
+        typer.Option(help="Kafka bootstrap servers (default: the topology's, else kafka:9092)."),
+    ] = None,
+    s3_endpoint: Annotated[str, typer.Option(help="S3 model store, http(s)://host:port.")] = _defaults.s3_endpoint,
+    s3_bucket: Annotated[str, typer.Option(help="Model bucket Triton loads from.")] = _defaults.s3_bucket,
+    s3_prefix: Annotated[str, typer.Option(help="Prefix of the model repository in the bucket.")] = "",
+    s3_region: Annotated[str, typer.Option(help="S3 region (AWS_DEFAULT_REGION).")] = _defaults.s3_region,
+    secret: Annotated[
+        str, typer.Option(help="Secret holding the workers' credentials (S3 keys, SASL), as env variables.")
+    ] = _defaults.secret,
+    triton_secret: Annotated[str, typer.Option(help="Secret holding Triton's read-only S3 keys.")] = _defaults.triton_secret,
+    triton_image: Annotated[str, typer.Option(help="Triton image, nvcr.io/nvidia/tritonserver:<tag>-py3.")] = TRITON_IMAGE,
+    triton_url: Annotated[str | None, typer.Option(help="Use an existing Triton (host:port) instead of generating one.")] = None,
+    triton_gpus: Annotated[int, typer.Option(help="GPUs Triton requests (nvidia.com/gpu); 0 = CPU.")] = 0,
+    triton_replicas: Annotated[int, typer.Option(help="Triton pods.")] = _defaults.triton_replicas,
+    http_port: Annotated[int, typer.Option(help="Health and metrics port of every worker.")] = _defaults.http_port,
+    cpu: Annotated[str, typer.Option(help="CPU request of a worker.")] = _stage.cpu_request,
+    memory: Annotated[str, typer.Option(help="Memory request of a worker.")] = _stage.memory_request,
+    memory_limit: Annotated[str, typer.Option(help="Memory limit of a worker (empty: none).")] = _stage.memory_limit or "",
+    triton_cpu: Annotated[str, typer.Option(help="CPU request of Triton.")] = _triton.cpu_request,
+    triton_memory: Annotated[str, typer.Option(help="Memory request of Triton.")] = _triton.memory_request,
+    triton_memory_limit: Annotated[str, typer.Option(help="Memory limit of Triton (empty: none).")] = _triton.memory_limit or "",
+    min_replicas: Annotated[int, typer.Option(help="Fewest workers per stage (0: KEDA may scale to zero).")] = 1,
+    max_replicas: Annotated[
+        int | None, typer.Option(help="Most workers per stage (default and cap: the partition count).")
+    ] = None,
+    lag_threshold: Annotated[
+        int, typer.Option(help="KEDA's target consumer lag per worker, in records.")
+    ] = _defaults.lag_threshold,
+    keda: Annotated[bool, typer.Option(help="KEDA ScaledObjects (else fixed --min-replicas).")] = True,
+    keda_auth: Annotated[str | None, typer.Option(help="KEDA TriggerAuthentication for a Kafka with SASL or TLS.")] = None,
+    service_monitor: Annotated[bool, typer.Option(help="Prometheus Operator ServiceMonitors.")] = True,
+    prestop_seconds: Annotated[int, typer.Option(help="Pause before SIGTERM.")] = _defaults.prestop_s,
+) -> None:
+    """Write a kustomize base for TOPOLOGY: a Deployment per stage, autoscaling, Triton.
+
+    Per stage (per step and join of a graph): a Deployment running `pipeline run --stage`,
+    with probes, a pre-stop pause and a grace period covering the drain; a
+    PodDisruptionBudget; a metrics Service and ServiceMonitor; a KEDA ScaledObject on the
+    stage's consumer-group lag. Triton reads the S3 model store. Apply with
+    `kubectl apply -k DIR` after creating the Secrets.
+    """
+    # Every option named like a DeployOptions field is that field; the rest are assembled here.
+    given = {k: v for k, v in locals().items() if k in {f.name for f in fields(DeployOptions)}}
+    options = DeployOptions(
+        **given,
+        triton_resources=Resources(triton_cpu, triton_memory, triton_memory_limit or None, gpus=triton_gpus),
+        stage_resources=Resources(cpu, memory, memory_limit or None),
+        prestop_s=prestop_seconds,
+    )
+    bundle = generate(topology_file, options)
+    folder = out or Path("k8s") / bundle.topology.name
+    for path, what in write_bundle(bundle, folder):
+        console.print(f"wrote {path}  [dim]{what}[/]", highlight=False, soft_wrap=True)
+    for note in bundle.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    console.print(f"render: kubectl kustomize {folder}    apply: kubectl apply -k {folder}", highlight=False,
+                  soft_wrap=True)

@@ -1,0 +1,118 @@
+"""What a deployment adds to the topology: images, where the services are, sizes, scaling.
+
+The topology says *what* runs (stages, topics, partitions, drain timeout); these options say
+*where and how big*. Defaults follow ``docker-compose.yaml`` (Kafka at ``kafka:9092``, MinIO at
+``http://minio:9000``, bucket ``models``), so the generated base works beside that layout and
+every value can be overridden on the command line or in a kustomize overlay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.settings import S3Settings
+
+DEFAULT_IMAGE = f"streaming-inference-pipeline:{version('streaming-inference-pipeline')}"
+"""The image ``Dockerfile`` builds, tagged with this package's version."""
+
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
+"""The base of ``docker/triton.Dockerfile`` (Triton 2.49); the sample models' Python backend
+also needs onnxruntime, which that Dockerfile adds: build it and pass ``--triton-image``."""
+
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Requests and limits of one container (Kubernetes quantities, e.g. ``500m``, ``2Gi``).
+
+    No CPU limit by default: a throttled worker misses its consumer-group heartbeats and
+    batches stall; memory is limited so a leak ends in a restart, not a node under pressure.
+    """
+
+    cpu_request: str = "500m"
+    memory_request: str = "1Gi"
+    memory_limit: str | None = "2Gi"
+    cpu_limit: str | None = None
+    gpus: int = 0
+
+    def manifest(self) -> dict[str, Any]:
+        """The container's ``resources`` field."""
+        limits: dict[str, Any] = {}
+        if self.cpu_limit is not None:
+            limits["cpu"] = self.cpu_limit
+        if self.memory_limit is not None:
+            limits["memory"] = self.memory_limit
+        if self.gpus:
+            limits[GPU_RESOURCE] = self.gpus  # extended resources: the request defaults to the limit
+        resources: dict[str, Any] = {"requests": {"cpu": self.cpu_request, "memory": self.memory_request}}
+        if limits:
+            resources["limits"] = limits
+        return resources
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """Everything ``pipeline deploy k8s`` takes besides the topology file."""
+
+    image: str = DEFAULT_IMAGE
+    namespace: str | None = None
+    """Set on every object by kustomize; None = the namespace ``kubectl`` is pointed at."""
+    kafka_bootstrap: str | None = None
+    """None = the topology's ``kafka.bootstrap_servers`` when it sets one, else ``kafka:9092``."""
+    s3_endpoint: str = "http://minio:9000"
+    s3_bucket: str = "models"
+    s3_prefix: str = ""
+    s3_region: str = "us-east-1"
+    secret: str = "pipeline-credentials"
+    """Secret whose keys become the workers' environment (S3 keys, SASL credentials)."""
+    triton_secret: str = "triton-credentials"
+    """Secret of Triton's own S3 identity (read-only on the model bucket, docs/security.md)."""
+    triton_image: str = TRITON_IMAGE
+    triton_url: str | None = None
+    """An existing Triton (``host:port``): no Triton objects are generated."""
+    triton_replicas: int = 1
+    triton_resources: Resources = field(
+        default_factory=lambda: Resources(cpu_request="1", memory_request="2Gi", memory_limit="4Gi")
+    )
+    stage_resources: Resources = field(default_factory=Resources)
+    http_port: int = 8080
+    """Health and metrics port of every worker (``--http-port``; the topology's is often 0)."""
+    min_replicas: int = 1
+    max_replicas: int | None = None
+    """None = the partition count, which is also the cap: more consumers than partitions idle."""
+    lag_threshold: int = 500
+    """KEDA's target lag per replica, in records, summed over the stage's input partitions."""
+    keda: bool = True
+    keda_auth: str | None = None
+    """A KEDA TriggerAuthentication for a Kafka with SASL or TLS (created by the operator)."""
+    service_monitor: bool = True
+    prestop_s: int = 5
+    """Pause before SIGTERM, so the pod leaves its Services' endpoints before it stops."""
+
+    def s3(self) -> S3Settings:
+        """The model store these options name, built from them alone: ``model_construct`` reads
+        no environment variable, so keys in the generating shell never reach a manifest."""
+        return S3Settings.model_construct(
+            endpoint=self.s3_endpoint, bucket=self.s3_bucket, prefix=self.s3_prefix, region=self.s3_region
+        )
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.min_replicas >= 0, f"--min-replicas must be 0 or more, not {self.min_replicas}"),
+            (self.max_replicas is None or self.max_replicas >= 1, "--max-replicas must be 1 or more"),
+            (self.max_replicas is None or self.max_replicas >= self.min_replicas,
+             f"--max-replicas ({self.max_replicas}) is below --min-replicas ({self.min_replicas})"),
+            (self.lag_threshold >= 1, f"--lag-threshold must be 1 or more, not {self.lag_threshold}"),
+            (1 <= self.http_port <= 65535, f"--http-port must be a port number, not {self.http_port}"),
+            (self.prestop_s >= 0, f"--prestop-seconds must be 0 or more, not {self.prestop_s}"),
+            (self.triton_replicas >= 1, "--triton-replicas must be 1 or more"),
+            (min(self.stage_resources.gpus, self.triton_resources.gpus) >= 0, "GPU counts must be 0 or more"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)

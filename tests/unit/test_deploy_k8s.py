@@ -1,0 +1,389 @@
+"""`pipeline deploy k8s`: the kustomize base renders, validates and runs what the topology says.
+
+Real tools, no cluster: ``kubectl kustomize`` (client 1.32, kustomize 5.5) renders each base as
+``kubectl apply -k`` would; ``kubernetes-validate`` checks the core objects against the
+Kubernetes 1.32 schemas, strictly (unknown fields are errors); the ScaledObjects are checked
+against KEDA's documented fields (``tests/helpers/keda_schema.py``). What the pods would run is
+checked against the runtime itself: the units and consumer groups are those
+:func:`pipeline.runtime.stages.build_stages` builds for ``pipeline run --stage``, and the
+container arguments are parsed by the real ``pipeline run`` command.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import typer
+import yaml
+
+from pipeline.cli import app
+from pipeline.deploy import Bundle, DeployOptions, Resources, generate, write_bundle
+from pipeline.deploy.options import TRITON_IMAGE
+from pipeline.errors import ConfigError
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.runtime.stages import build_stages
+from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettings
+from pipeline.topology.loader import parse_topology
+from pipeline.topology.model import Topology
+from tests.helpers.keda_schema import SCALED_OBJECT
+from tests.unit.test_no_secret_literals import findings
+
+REPO = Path(__file__).resolve().parents[2]
+KUBERNETES_VERSION = "1.32"  # the kubectl client scripts/install.sh installs
+CORE_KINDS = {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
+WORKER = {"app.kubernetes.io/name": "pipeline-stage"}
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize folder``, parsed."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not installed (scripts/install.sh installs it)"
+    done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@dataclass
+class Rendered:
+    """One generated base, written, rendered by kustomize, and what the runtime would run."""
+
+    bundle: Bundle
+    folder: Path
+    objects: list[dict[str, Any]]
+    units: list[tuple[str, str, tuple[str, ...]]]  # (--stage name, group id, input topics) per build_stages
+
+    @property
+    def topology(self) -> Topology:
+        return self.bundle.topology
+
+    def of(self, kind: str, **labels: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind
+                and labels.items() <= o["metadata"].get("labels", {}).items()]
+
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        (found,) = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]
+        return found
+
+    def config_map(self, prefix: str) -> dict[str, Any]:
+        (found,) = [o for o in self.of("ConfigMap") if o["metadata"]["name"].startswith(f"{prefix}-")]
+        return found
+
+    def workers(self) -> list[dict[str, Any]]:
+        return self.of("Deployment", **WORKER)
+
+
+def runtime_units(topology: Topology) -> list[tuple[str, str, tuple[str, ...]]]:
+    """What `pipeline run --stage` would start: the runtime's own stage objects (nothing connects)."""
+    endpoints = Endpoints.model_construct(
+        kafka=KafkaSettings.model_construct(bootstrap_servers="kafka:9092"),
+        triton=TritonSettings.model_construct(grpc_url="triton:8001"),
+        s3=S3Settings.model_construct(endpoint="http://minio:9000"),
+    )
+    stages = build_stages(topology, endpoints, PipelineMetrics())
+    return [(s.io.stage, s.io.group_id, (s.io.input_topic, *s.io.more_input_topics)) for s in stages]
+
+
+def render(topology_file: Path, folder: Path, options: DeployOptions | None = None) -> Rendered:
+    bundle = generate(topology_file, options or DeployOptions())
+    write_bundle(bundle, folder)
+    return Rendered(bundle, folder, kustomize(folder), runtime_units(bundle.topology))
+
+
+def variant(tmp_path: Path, base: str, **changes: Any) -> Path:
+    """A copy of ``topologies/<base>.yaml`` with top-level keys changed."""
+    data = yaml.safe_load((REPO / "topologies" / f"{base}.yaml").read_text())
+    data.update(changes)
+    path = tmp_path / f"{base}-variant.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+@pytest.fixture(scope="module", params=["audio", "dense", "ensemble"])
+def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return render(REPO / "topologies" / f"{request.param}.yaml", tmp_path_factory.mktemp(request.param))
+
+
+def test_renders_and_core_objects_validate(rendered: Rendered) -> None:
+    kinds = {o["kind"] for o in rendered.objects}
+    assert kinds == CORE_KINDS | {"ServiceMonitor", "ScaledObject"}
+    core = [o for o in rendered.objects if o["kind"] in CORE_KINDS]
+    for obj in core:
+        # Raises with the failing path; strict: a field Kubernetes does not know is an error.
+        assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+    # Two ConfigMaps, and per unit a Deployment, Service and budget; plus Triton's pair.
+    units = len(rendered.units)
+    assert len(core) == 2 + 3 * units + 2 + 2
+
+
+def test_scaled_objects_follow_kedas_documented_schema(rendered: Rendered) -> None:
+    scaled = rendered.of("ScaledObject")
+    assert len(scaled) == len(rendered.units)
+    for obj in scaled:
+        jsonschema.validate(obj, SCALED_OBJECT, cls=jsonschema.Draft202012Validator)
+
+
+def test_the_keda_schema_refuses_what_keda_would_not_take() -> None:
+    """The schema check above means something: typical mistakes fail it."""
+    metadata = {"bootstrapServers": "kafka:9092", "consumerGroup": "g", "topic": "t", "lagThreshold": "5"}
+
+    def scaled_object(trigger_metadata: dict[str, Any], **spec: Any) -> dict[str, Any]:
+        triggers = [{"type": "kafka", "metadata": trigger_metadata}]
+        return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"},
+                "spec": {"scaleTargetRef": {"name": "x"}, "triggers": triggers, **spec}}
+
+    jsonschema.validate(scaled_object(metadata), SCALED_OBJECT)
+    wrong = [
+        scaled_object({k: v for k, v in metadata.items() if k != "consumerGroup"}),  # a required parameter
+        scaled_object({**metadata, "lagThreshold": "0"}),  # the scaler refuses a threshold below 1
+        scaled_object({**metadata, "lagThreshold": 5}),  # metadata values are strings in the CRD
+        scaled_object({**metadata, "lagTreshold": "5"}),  # misspelt: KEDA would silently use its default
+        scaled_object({**metadata, "offsetResetPolicy": "oldest"}),
+        scaled_object(metadata, scaleTargetRef={"kind": "Deployment"}),  # the target's name is mandatory
+        scaled_object(metadata, maxReplicas=4),  # an HPA field, not a ScaledObject's
+    ]
+    for obj in wrong:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(obj, SCALED_OBJECT)
+
+
+def test_one_deployment_per_unit_scaled_on_the_group_pipeline_run_uses(rendered: Rendered) -> None:
+    partitions = rendered.topology.kafka.partitions
+    by_stage = {container(d)["args"][3]: d for d in rendered.workers()}
+    assert sorted(by_stage) == sorted(name for name, _, _ in rendered.units)  # kustomize sorts objects
+    for name, group_id, topics in rendered.units:
+        deployment = by_stage[name]
+        scaled = rendered.named("ScaledObject", deployment["metadata"]["name"])
+        spec = scaled["spec"]
+        assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": deployment["metadata"]["name"]}
+        assert [t["metadata"]["consumerGroup"] for t in spec["triggers"]] == [group_id] * len(topics)
+        assert tuple(t["metadata"]["topic"] for t in spec["triggers"]) == topics
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= partitions
+        # The brokers come from the very ConfigMap the Deployment reads (one place to change them).
+        env_names = [t["metadata"]["bootstrapServersFromEnv"] for t in spec["triggers"]]
+        endpoints = rendered.config_map(rendered.bundle.context.endpoints_config)
+        assert container(deployment)["envFrom"][0] == {"configMapRef": {"name": endpoints["metadata"]["name"]}}
+        assert all(endpoints["data"][n] == "kafka:9092" for n in env_names)
+        assert "replicas" not in deployment["spec"]  # KEDA's to set
+
+
+def test_containers_run_pipeline_run_with_probes_on_the_health_port(
+    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_command = typer.main.get_group(app).commands["run"]
+    for deployment in rendered.workers():
+        spec = container(deployment)
+        assert spec["command"] == ["pipeline"]
+        for variable in spec["env"]:
+            monkeypatch.setenv(variable["name"], variable["value"])
+        params = run_command.make_context("run", list(spec["args"][1:])).params
+        (port,) = [p["containerPort"] for p in spec["ports"] if p["name"] == "health"]
+        assert spec["args"][0] == "run"
+        assert params["http_port"] == port
+        assert params["health_host"] == "0.0.0.0"  # reachable by the kubelet, not loopback only
+        assert params["topology_file"] == Path("/config/topology.yaml")
+        assert spec["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+        assert spec["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+        assert spec["startupProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+        service = rendered.named("Service", deployment["metadata"]["name"])
+        assert service["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "health"}]
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+        monitor = rendered.named("ServiceMonitor", deployment["metadata"]["name"])
+        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+        budget = rendered.named("PodDisruptionBudget", deployment["metadata"]["name"])
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+        # Nothing but scrapes and probes reach a worker (docs/security.md: restrict the port).
+        policy = rendered.named("NetworkPolicy", f"{rendered.topology.name}-workers")
+        assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": port}]}]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def _prestop_s(spec: dict[str, Any]) -> int:
+    command = spec["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    return int(command[1])
+
+
+def test_the_grace_period_covers_the_drain(rendered: Rendered, tmp_path: Path) -> None:
+    slow = render(variant(tmp_path, "dense", drain_timeout_s=95.5), tmp_path / "slow")
+    for case in (rendered, slow):
+        drain = case.topology.drain_timeout_s
+        for deployment in case.workers():
+            pod = deployment["spec"]["template"]["spec"]
+            assert pod["terminationGracePeriodSeconds"] >= math.ceil(drain) + _prestop_s(container(deployment))
+    assert slow.topology.drain_timeout_s == 95.5
+
+
+def test_the_topology_config_map_is_the_file_and_loads_as_in_the_pod(rendered: Rendered) -> None:
+    ctx = rendered.bundle.context
+    topology_map = rendered.config_map(ctx.topology_config)
+    text = topology_map["data"]["topology.yaml"]
+    assert text == rendered.bundle.topology_source.read_text()
+    endpoints = rendered.config_map(ctx.endpoints_config)["data"]
+    for deployment in rendered.workers():
+        pod = deployment["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["topology"]["configMap"]["name"] == topology_map["metadata"]["name"]
+        env = {**endpoints, **{v["name"]: v["value"] for v in container(deployment)["env"]}}
+        assert parse_topology(text, "pod", env) == rendered.topology
+
+
+def test_security_contexts(rendered: Rendered) -> None:
+    found = re.search(r"--uid (\d+)", (REPO / "Dockerfile").read_text())
+    assert found, "Dockerfile creates no user with a fixed uid"
+    for deployment in rendered.of("Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert isinstance(pod["securityContext"]["runAsUser"], int)
+        assert pod["automountServiceAccountToken"] is False
+        security = container(deployment)["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+    for deployment in rendered.workers():
+        assert container(deployment)["securityContext"]["readOnlyRootFilesystem"] is True
+        assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(found.group(1))
+
+
+def test_credentials_only_by_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys in the generating shell never reach a manifest; pods get them from Secrets."""
+    planted = {name: secrets.token_hex(16) for name in (
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PIPELINE_S3_SECRET_KEY", "PIPELINE_KAFKA_SASL_PASSWORD")}
+    for name, value in planted.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "laptop.local:9092")  # the topology's ${KAFKA_BOOTSTRAP:-}
+    monkeypatch.setenv("PIPELINE_S3_PREFIX", "my-laptop")
+    stage_keys, triton_keys = "stage-keys", "triton-keys"  # names of Secrets, not values
+    case = render(REPO / "topologies" / "audio.yaml", tmp_path / "out",
+                  DeployOptions(secret=stage_keys, triton_secret=triton_keys))
+    written = "".join(p.read_text() for p in case.folder.iterdir())
+    rendered_text = yaml.safe_dump_all(case.objects)
+    for value in [*planted.values(), "laptop.local", "my-laptop"]:
+        assert value not in written and value not in rendered_text
+    assert findings(rendered_text, python=False) == []
+    assert case.topology.kafka.bootstrap_servers is None  # expanded with the pod's environment
+    secret_refs = {}
+    for deployment in case.of("Deployment"):
+        spec = container(deployment)
+        secret_refs[deployment["metadata"]["name"]] = [e["secretRef"]["name"] for e in spec["envFrom"] if "secretRef" in e]
+        assert all("valueFrom" not in e and not re.search("KEY|PASSW|SECRET|TOKEN", e["name"]) for e in spec.get("env", []))
+    assert secret_refs == {"audio-preprocess": [stage_keys], "audio-vad": [stage_keys], "audio-triton": [triton_keys]}
+    endpoints = case.config_map(case.bundle.context.endpoints_config)["data"]
+    assert not [k for k in endpoints if re.search("KEY|PASSW|SECRET|TOKEN", k)]
+
+
+def test_triton_reads_the_s3_store(rendered: Rendered, tmp_path: Path) -> None:
+    (triton,) = rendered.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    spec = container(triton)
+    assert "--model-repository=s3://minio:9000/models" in spec["args"]
+    assert "--model-control-mode=explicit" in spec["args"]
+    assert spec["image"] == TRITON_IMAGE
+    assert spec["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
+    assert ports["http"] == 8000 and ports["grpc"] == 8001
+    service = rendered.named("Service", triton["metadata"]["name"])
+    assert {p["port"] for p in service["spec"]["ports"]} == {8001, 8002}  # no HTTP model-control API
+    endpoints = rendered.config_map(rendered.bundle.context.endpoints_config)["data"]
+    assert endpoints["PIPELINE_TRITON_GRPC_URL"] == f"{service['metadata']['name']}:8001"
+    assert "limits" not in spec["resources"] or "nvidia.com/gpu" not in spec["resources"]["limits"]
+    policy = rendered.named("NetworkPolicy", triton["metadata"]["name"])
+    grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8001)
+    assert grpc_rule["from"] == [{"podSelector": {"matchLabels": {
+        **WORKER, "app.kubernetes.io/part-of": rendered.topology.name}}}]
+
+
+def test_triton_options(tmp_path: Path) -> None:
+    dense = REPO / "topologies" / "dense.yaml"
+    gpu = render(dense, tmp_path / "gpu", DeployOptions(
+        triton_resources=Resources("2", "8Gi", "16Gi", gpus=2), s3_endpoint="https://s3.example:9000",
+        s3_prefix="prod", triton_image="registry.example/triton:24.08-onnx"))
+    (triton,) = gpu.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    spec = container(triton)
+    assert spec["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert "--model-repository=s3://https://s3.example:9000/models/prod" in spec["args"]
+    assert spec["image"] == "registry.example/triton:24.08-onnx"
+    external = render(dense, tmp_path / "external", DeployOptions(triton_url="triton.shared:8001"))
+    assert not external.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    assert external.config_map("dense-demo-endpoints")["data"]["PIPELINE_TRITON_GRPC_URL"] == "triton.shared:8001"
+
+
+def test_replicas_are_capped_at_the_partitions(tmp_path: Path) -> None:
+    dense = REPO / "topologies" / "dense.yaml"
+    case = render(dense, tmp_path / "many", DeployOptions(min_replicas=2, max_replicas=64))
+    (scaled,) = case.of("ScaledObject")
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 4)
+    assert case.bundle.notes == ["--max-replicas 64 capped at 4: the topology's topics have 4 partitions"]
+    with pytest.raises(ConfigError, match="below --min-replicas"):
+        DeployOptions(min_replicas=3, max_replicas=2)
+    fixed = render(dense, tmp_path / "many", DeployOptions(keda=False, min_replicas=3))  # same folder: rewritten
+    assert not fixed.of("ScaledObject") and not (fixed.folder / "scaled-objects.yaml").exists()
+    assert [d["spec"]["replicas"] for d in fixed.workers()] == [3]
+
+
+def test_names_fit_kubernetes_and_never_collide(tmp_path: Path) -> None:
+    long_name = "a" + "-long-name" * 6 + "-xy"  # 64 characters, the topology's maximum
+    assert len(long_name) == 64
+    base = yaml.safe_load((REPO / "topologies" / "dense.yaml").read_text())
+    stage = {**base["stages"][0], "name": long_name}
+    case = render(variant(tmp_path, "dense", name=long_name, stages=[stage, {**stage, "name": long_name[:-1] + "w"}],
+                          input_topic="long.in"), tmp_path / "long")
+    names = [o["metadata"]["name"] for o in case.objects if o["kind"] != "ConfigMap"]
+    assert all(len(n) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) for n in names)
+    assert len({(o["kind"], o["metadata"]["name"]) for o in case.objects}) == len(case.objects)
+    assert len(case.workers()) == 2
+    clash = variant(tmp_path, "dense", stages=[{**base["stages"][0], "name": "triton"}])
+    with pytest.raises(ConfigError, match="named 'dense-demo-triton'"):
+        generate(clash, DeployOptions())
+    generate(clash, DeployOptions(triton_url="triton:8001"))  # no generated Triton: no clash
+
+
+def test_the_topologys_own_endpoint_wins(tmp_path: Path) -> None:
+    pinned = variant(tmp_path, "dense", kafka={"bootstrap_servers": "broker-0.kafka:9092", "partitions": 6})
+    case = render(pinned, tmp_path / "pinned")
+    assert case.config_map("dense-demo-endpoints")["data"]["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] == "broker-0.kafka:9092"
+    assert case.of("ScaledObject")[0]["spec"]["maxReplicaCount"] == 6
+    with pytest.raises(ConfigError, match="--kafka-bootstrap"):
+        generate(pinned, DeployOptions(kafka_bootstrap="other:9092"))
+
+
+def test_triton_image_default_is_the_dockerfiles_base() -> None:
+    base = re.search(r"^FROM (\S+)", (REPO / "docker" / "triton.Dockerfile").read_text(), flags=re.MULTILINE)
+    assert base and base.group(1) == TRITON_IMAGE
+
+
+def test_the_command_writes_a_base_that_renders(tmp_path: Path) -> None:
+    out = tmp_path / "audio-k8s"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "deploy", "k8s", "topologies/audio.yaml", "--out", str(out),
+         "--namespace", "inference"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("deployments.yaml", "scaled-objects.yaml", "topology.yaml", "kustomization.yaml"):
+        assert f"wrote {out / name}" in done.stdout
+    assert f"kubectl apply -k {out}" in done.stdout
+    objects = kustomize(out)
+    assert {o["metadata"]["namespace"] for o in objects} == {"inference"}
+    assert len([o for o in objects if o["kind"] == "Deployment"]) == 3  # preprocess, vad, triton
+    helped = subprocess.run([sys.executable, "-m", "pipeline", "deploy", "k8s", "--help"],
+                            cwd=REPO, capture_output=True, text=True, check=False)
+    assert helped.returncode == 0 and "--lag-threshold" in helped.stdout
+    missing = subprocess.run([sys.executable, "-m", "pipeline", "deploy", "k8s", "nope.yaml", "--out", str(out)],
+                             cwd=REPO, capture_output=True, text=True, check=False)
+    assert missing.returncode == 1 and "nope.yaml" in missing.stderr

@@ -1,0 +1,75 @@
+"""A join's branch is caught up only when the stages upstream of it are too.
+
+Why: a join read to the end of one branch's topic used to count that branch as "now",
+so a branch merely slower than the other (a backlog, a restarted stage) had its joins
+expired and dead-lettered. These are the pure rules behind the fix: which groups feed a
+join, when a group is behind, and what the watermark does while one is.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+from pipeline.kafka.progress import behind_partitions
+from pipeline.topology.graph import StepSpec, compile_graph
+from workers.event_time import EventTimeClock, now_ms
+
+
+def _record(partition: int, offset: int, timestamp: int) -> Any:
+    return SimpleNamespace(topic="b", partition=partition, offset=offset, timestamp=timestamp)
+
+
+def test_the_groups_feeding_a_join_are_every_step_upstream_of_its_branches() -> None:
+    graph = compile_graph(
+        topology="t",
+        steps=[
+            StepSpec("prep", {"raw": "raw"}, {"features": "features"}),
+            StepSpec("a", {"x": "features"}, {"y": "logits"}),
+            StepSpec("calibrate", {"x": "logits"}, {"y": "calibrated"}),
+            StepSpec("b", {"x": "features"}, {"y": "score"}),
+        ],
+        inputs=["raw"],
+        outputs=["calibrated", "score"],
+        input_topic="t.in",
+        result_topic="t.out",
+    )
+    [join] = graph.joins
+    assert graph.joins[join].branches == ("calibrate", "b")
+    assert graph.feeding(join) == [("a", "t.prep.out"), ("b", "t.prep.out"), ("calibrate", "t.a.out"), ("prep", "t.in")]
+
+
+def test_a_group_is_behind_where_its_commit_is_short_of_the_end() -> None:
+    p0, p1, p2 = (TopicPartition("in", p) for p in range(3))
+    committed = {p0: 10, p1: 7, p2: None}  # p2: never committed
+    beginning = {p0: 0, p1: 0, p2: 5}
+    assert behind_partitions([committed], beginning, {p0: 10, p1: 9, p2: 5}) == {1}
+    assert behind_partitions([committed], beginning, {p0: 10, p1: 7, p2: 6}) == {2}
+
+
+def test_two_branches_reading_one_topic_are_judged_each_on_its_own_commits() -> None:
+    tp = TopicPartition("features", 0)
+    fast, slow = {tp: 100}, {tp: 40}  # both branches consume the fan-out topic
+    assert behind_partitions([fast, slow], {tp: 0}, {tp: 100}) == {0}, "the slow branch holds the window"
+    assert behind_partitions([fast, {tp: 100}], {tp: 0}, {tp: 100}) == set()
+
+
+def test_a_branch_read_to_its_end_waits_while_its_upstream_is_behind() -> None:
+    tp = TopicPartition("b", 0)
+    upstream = {"behind": True}
+    clock = EventTimeClock(lambda _tp: 11, grace_ms=0, upstream_behind=lambda _tp: upstream["behind"])
+    clock.assigned([tp])
+    old = now_ms() - 3_600_000
+    clock.observe(_record(0, 10, old))  # read to the end of the branch topic (end offset 11)
+    assert clock.watermark([tp]) == old, "the stage writing this branch has more to write: not 'now'"
+    upstream["behind"] = False
+    assert abs(clock.watermark([tp]) - now_ms()) < 1000
+
+
+def test_a_branch_nothing_was_read_from_waits_while_its_upstream_is_behind() -> None:
+    tp = TopicPartition("b", 0)
+    clock = EventTimeClock(lambda _tp: 0, grace_ms=0, upstream_behind=lambda _tp: True)
+    clock.assigned([tp])
+    assert clock.watermark([tp]) == 0, "a restarted branch stage has not written yet: no window may close"
