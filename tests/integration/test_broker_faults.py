@@ -21,16 +21,24 @@ far behind. Both were written and ran, and both still fail, so they are left out
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pipeline.settings import S3Settings
-from tests.helpers.fault_compare import RunOutputs, compare, recovery_s
-from tests.helpers.fault_workloads import Run, Workload, audio, ensemble, start_runs, stateless
+from tests.helpers.fault_compare import RunOutputs
+from tests.helpers.fault_workloads import (
+    Workload,
+    audio,
+    ensemble,
+    finish_all,
+    judge,
+    reference_outputs,
+    start_runs,
+    stateless,
+)
 from tests.helpers.fault_workloads import wait_for_results as progressed
-from tests.helpers.figures import report
 from tests.helpers.own_broker import OwnBroker, start_own_broker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
@@ -58,50 +66,11 @@ def workloads() -> dict[str, Workload]:
     return {w.kind: w for w in (stateless(), audio(), ensemble())}
 
 
-def _reference(
-    workloads: Sequence[Workload], bootstrap: str, env: dict[str, str], tmp_path: Path
-) -> dict[str, RunOutputs]:
-    """Each workload once without a fault: complete, without dead letters or duplicates."""
-    runs = start_runs(workloads, env, tmp_path)
-    for run in runs:
-        run.produce(bootstrap, seconds=0)
-    outputs = {run.workload.kind: run.finish(bootstrap) for run in runs}
-    for kind, out in outputs.items():
-        assert out.dead_letters == [], kind
-        assert out.duplicates() == 0, f"{kind}: a fault-free run has no duplicates"
-    return outputs
-
-
 @pytest.fixture(scope="module")
 def references(
     workloads: dict[str, Workload], kafka_bootstrap: str, cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, RunOutputs]:
-    return _reference(list(workloads.values()), kafka_bootstrap, cli_env, tmp_path_factory.mktemp("references"))
-
-
-def _judge(
-    scenario: str,
-    outputs: dict[str, RunOutputs],
-    references: dict[str, RunOutputs],
-    workloads: dict[str, Workload],
-    fault_end_ms: int,
-    notes: dict[str, str],
-) -> None:
-    """Report every topology's figures, then fail on any topology that broke a rule."""
-    failures = []
-    for kind, out in outputs.items():
-        comparison = compare(references[kind], out, sent=len(workloads[kind].records))
-        recovered = recovery_s(out, fault_end_ms)
-        report(comparison.figures(scenario, kind, recovery_s=recovered, note=notes.get(kind, "")))
-        problems = comparison.problems()
-        if recovered is None:
-            problems.append("no result after the fault ended")
-        failures += [f"{kind}: {problem}" for problem in problems]
-    assert not failures, "\n".join(failures)
-
-
-def _finish(runs: Sequence[Run], bootstrap: str) -> dict[str, RunOutputs]:
-    return {run.workload.kind: run.finish(bootstrap) for run in runs}
+    return reference_outputs(list(workloads.values()), kafka_bootstrap, cli_env, tmp_path_factory.mktemp("references"))
 
 
 # ------------------------------------------------------------------ (a) kill -9 and restart
@@ -121,9 +90,9 @@ def test_broker_kill_9_and_restart_mid_stream(
     before = {run.workload.kind: run.worker.metric("pipeline_results_total") for run in runs}
     broker.crash(DOWN_S)
     fault_end_ms = _now_ms()
-    outputs = _finish(runs, broker.bootstrap)
+    outputs = finish_all(runs, broker.bootstrap)
     notes = {kind: f"killed after {count:.0f} results, down {DOWN_S:g} s" for kind, count in before.items()}
-    _judge("broker kill -9 + restart", outputs, references, workloads, fault_end_ms, notes)
+    judge("broker kill -9 + restart", outputs, references, workloads, fault_end_ms, notes=notes)
 
 
 # ------------------------------------------------------------------ (b) broker unreachable
