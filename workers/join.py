@@ -12,9 +12,10 @@ Windows run in event time: from the first branch record's timestamp (the
 request's: messages between stages keep it) until every branch partition has
 been read up to the window's end. A partition with nothing left to read counts
 as "now" only when the stages upstream of the join have committed their inputs
-to the end too (:mod:`pipeline.kafka.progress`). So a join does not expire
-because this worker, or the stage of one branch, is behind (a backlog, a
-restart, a slower branch), only because a branch really is late. Outputs
+to the end too, or have stopped moving for a window's length (a branch whose
+stage is down is late; :mod:`pipeline.kafka.progress`). So a join does not
+expire because this worker, or the stage of one branch, is behind (a backlog, a
+slower branch), only because a branch really is late. Outputs
 that no input record owns (expiries, deletion of retired markers) are handed to
 the producer together and awaited once per sweep.
 
@@ -136,7 +137,8 @@ class JoinStage(StatefulStage):
         self.states = self.keyed_state(
             state_topic, JoinStateCodec(), ttl_s=self.retention_s, max_keys=settings.max_open
         )
-        self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics)
+        # An upstream group that has not committed for a window's length is late, not slow.
+        self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics, stall_s=settings.window_ms / 1000)
         behind = (lambda tp: self.progress.behind(tp.partition)) if settings.upstream else None
         self.clock = EventTimeClock(self._highwater, grace_ms=settings.window_ms, upstream_behind=behind)
         self._last_sweep = 0.0

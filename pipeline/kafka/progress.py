@@ -1,19 +1,26 @@
-"""How far the consumer groups upstream of a stage have got: have they finished their input?
+"""How far the consumer groups upstream of a stage have got: are they still working through
+their input?
 
 A join's window runs in event time. A branch topic the join has read to its end may still
-be incomplete: the stage writing it may be behind on its own input (a backlog, a restart,
-a branch slower than the other), and what it has not processed yet is older, in event
-time, than what the join has seen. So a join counts a branch as caught up only when every
-group upstream of it has committed its input to the end. Committed offsets and end offsets
-are asked of the broker; the end offsets of the join's own inputs come in the same poll,
-after the commits, so an output acknowledged before its commit is never missed.
+be incomplete: the stage writing it may be behind on its own input (a backlog, a branch
+slower than the other), and what it has not processed yet is older, in event time, than
+what the join has seen. So a join counts a branch as caught up only when every group
+upstream of it has committed its input to the end, or has stopped moving: a group with
+records left whose commits have not advanced for ``stall_s`` (its stage is down, or
+waits out an outage) is late, not slow, and windows close on it as they would on a
+branch that never answers.
+
+Committed offsets and end offsets are asked of the broker; the end offsets of the join's
+own inputs come in the same poll, after the commits, so an output acknowledged before its
+commit is never missed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -33,21 +40,33 @@ class Upstream:
     topic: str
 
 
-def behind_partitions(
-    groups: Sequence[Mapping[TopicPartition, int | None]],
-    beginning: Mapping[TopicPartition, int],
-    end: Mapping[TopicPartition, int],
-) -> set[int]:
-    """Partition numbers where some group (its committed offset per input partition) has
-    not committed its input to the end. Groups may share an input topic (a fan-out);
-    a group that never committed a partition counts from the partition's beginning."""
-    behind = set()
-    for committed in groups:
-        for tp, done in committed.items():
+Committed = Mapping[tuple[str, TopicPartition], int | None]
+"""(group, input partition) -> the group's committed offset (None: it never committed)."""
+
+
+@dataclass
+class Movement:
+    """When each (group, partition)'s committed offset last changed, by ``clock``."""
+
+    stall_s: float
+    clock: Callable[[], float] = time.monotonic
+    _seen: dict[tuple[str, TopicPartition], tuple[int | None, float]] = field(default_factory=dict)
+
+    def behind(self, committed: Committed, beginning: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> set[int]:
+        """Partition numbers where a group still has records to process and has committed
+        within ``stall_s`` (a group first seen counts as moving). Groups may share an input
+        topic (a fan-out); one that never committed counts from the partition's beginning."""
+        now = self.clock()
+        behind = set()
+        for key, done in committed.items():
+            last = self._seen.get(key)
+            if last is None or last[0] != done:
+                self._seen[key] = last = (done, now)
+            tp = key[1]
             start = beginning.get(tp, 0) if done is None or done < 0 else done
-            if start < end.get(tp, 0):
+            if start < end.get(tp, 0) and now - last[1] < self.stall_s:
                 behind.add(tp.partition)
-    return behind
+        return behind
 
 
 class UpstreamProgress:
@@ -57,10 +76,13 @@ class UpstreamProgress:
     behind: the safe answer, since it only delays a window.
     """
 
-    def __init__(self, settings: KafkaSettings, upstream: Sequence[Upstream], own_topics: Sequence[str]) -> None:
+    def __init__(
+        self, settings: KafkaSettings, upstream: Sequence[Upstream], own_topics: Sequence[str], *, stall_s: float
+    ) -> None:
         self._settings = settings
         self._upstream = list(upstream)
         self._own_topics = list(own_topics)
+        self._movement = Movement(stall_s)
         self._admin: AIOKafkaAdminClient | None = None
         self._behind: set[int] | None = None
         self._ends: dict[TopicPartition, int] = {}
@@ -85,13 +107,13 @@ class UpstreamProgress:
     async def poll(self, consumer: AIOKafkaConsumer, partitions: Iterable[int]) -> None:
         numbers = sorted(set(partitions))
         try:
-            committed: list[dict[TopicPartition, int | None]] = []  # per group: groups may share a topic
+            committed: dict[tuple[str, TopicPartition], int | None] = {}
             for up in self._upstream:
                 assert self._admin is not None
                 tps = [TopicPartition(up.topic, p) for p in numbers]
                 offsets = await self._admin.list_consumer_group_offsets(up.group_id, partitions=tps)
-                committed.append({tp: (offsets[tp].offset if tp in offsets else None) for tp in tps})
-            inputs = sorted({tp for group in committed for tp in group})
+                committed.update({(up.group_id, tp): (offsets[tp].offset if tp in offsets else None) for tp in tps})
+            inputs = sorted({tp for _, tp in committed})
             ends = await consumer.end_offsets(inputs) if inputs else {}
             beginning = await consumer.beginning_offsets(inputs) if inputs else {}
             own = [TopicPartition(topic, p) for topic in self._own_topics for p in numbers]
@@ -100,4 +122,4 @@ class UpstreamProgress:
             log.warning("progress of upstream groups unknown (%r): windows wait", exc)
             self._behind = None
             return
-        self._behind = behind_partitions(committed, beginning, ends)
+        self._behind = self._movement.behind(committed, beginning, ends)

@@ -1,45 +1,60 @@
 """Issue 10's broker-side fault campaign, on the real embedded stack.
 
 Each scenario runs the stateless, audio (DALI + sequence) and ensemble (fan-out + join)
-topologies (tests/helpers/fault_workloads.py) against a broker of this module's own, which
-keeps its log in the session's S3 store so that it survives its own crash
-(tests/helpers/own_broker.py); the session's Triton and S3 serve as usual. Every output is
-compared with a fault-free reference run of the same records (tests/helpers/fault_compare.py):
-nothing lost, extra, changed or reordered, every duplicate byte-identical to its first
-delivery, no dead letter the reference lacks. Each scenario reports its figures
-(tests/helpers/figures.py, printed in the run's "fault figures" summary).
+topologies (tests/helpers/fault_workloads.py) against a broker of this module's own
+(tests/helpers/own_broker.py; the session's Triton and S3 serve as usual) and compares
+every output with a fault-free reference run of the same records
+(tests/helpers/fault_compare.py): nothing lost, extra, changed or reordered, every
+duplicate byte-identical to its first delivery, no dead letter the reference lacks. Each
+reports its figures (tests/helpers/figures.py, printed in the run's "fault figures").
+The three topologies share the broker, as three deployments on one cluster would: one
+fault hits all three at once, and costs its seconds once.
 
-The three topologies share the one broker, as three deployments on one cluster would:
-one fault hits all three at once, and costs its seconds once.
-
-- broker kill -9 mid-stream, restarted on the same port after a few seconds: the workers
-  ride it out (they reconnect by themselves and exit 0 when told to stop at the end).
-(Not here yet: the broker unreachable past the producers' delivery timeout, and a backlog
-far behind. Both were written and ran, and both still fail, so they are left out until they pass.)
+- broker kill -9 mid-stream, restarted on the same port after 3 s: its log is in the
+  session's S3 store, so it comes back with every acknowledged record and commit; the
+  workers ride it out (they reconnect by themselves and exit 0 when stopped at the end).
+- broker unreachable (SIGSTOP: connections open, nothing answers) for longer than the
+  producers' send timeout while outputs wait for it: a worker whose output is refused
+  stops in one line (exit 1) without committing past it; a supervisor starts it again
+  and it replays from its last commit.
+- a backlog far behind: 200,000 requests (and an audio and an ensemble backlog) produced
+  first, workers started after: join windows and idle timeouts, judged in event time, must
+  not dead-letter anything while the consumers catch up.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pipeline.kafka.clients import SEND_TIMEOUT_MS
 from pipeline.settings import S3Settings
 from tests.helpers.fault_compare import RunOutputs
 from tests.helpers.fault_workloads import (
+    FAST_FAILURES,
+    Run,
     Workload,
     audio,
     ensemble,
     finish_all,
     judge,
+    producing_runs,
     reference_outputs,
     start_runs,
     stateless,
 )
-from tests.helpers.fault_workloads import wait_for_results as progressed
+from tests.helpers.kafka_io import produce
 from tests.helpers.own_broker import OwnBroker, start_own_broker
+from tests.helpers.streams import DALI_STAGE, SEQUENCE_STAGE, interleave
+from tests.helpers.supervisor import Supervisor
+from tests.helpers.topology_process import TopologyFiles, collect_outputs, write_topology
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -83,10 +98,7 @@ def test_broker_kill_9_and_restart_mid_stream(
     tmp_path: Path,
 ) -> None:
     broker = durable_broker
-    runs = start_runs(list(workloads.values()), broker.env, tmp_path)
-    for run in runs:
-        run.produce(broker.bootstrap, seconds=20)
-    progressed(runs, 40)
+    runs = producing_runs(list(workloads.values()), broker.env, tmp_path, broker.bootstrap, seconds=20)
     before = {run.workload.kind: run.worker.metric("pipeline_results_total") for run in runs}
     broker.crash(DOWN_S)
     fault_end_ms = _now_ms()
@@ -96,3 +108,154 @@ def test_broker_kill_9_and_restart_mid_stream(
 
 
 # ------------------------------------------------------------------ (b) broker unreachable
+
+
+@pytest.fixture(scope="module")
+def broker(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBroker]:
+    """A broker of the module's own, log in memory (a freeze keeps it, and it is fast enough
+    for big backlogs): freezing it, or filling it, disturbs no other test."""
+    with start_own_broker(cli_env, tmp_path_factory.mktemp("broker")) as own:
+        yield own
+
+
+FROZEN_S = SEND_TIMEOUT_MS / 1000 + 5
+"""Longer than a producer's send timeout: every output waiting for the broker fails."""
+UNREACHABLE_JOIN_WINDOW_MS = 120_000.0
+"""The ensemble's join window here, longer than the outage and the restart. A producer that
+is not idempotent may deliver a partition's later batches after an earlier one expired (the
+broker thawed in between), so a branch topic briefly holds later requests before the
+replayed earlier ones: a join judging event time by that order would close the earlier
+requests' windows while their branch is being replayed (a dead letter, then a result).
+Tansu cannot give idempotent producers (no InitProducerId); on Apache Kafka,
+``PIPELINE_KAFKA_IDEMPOTENCE=true`` never expires a batch, so the order holds."""
+
+
+def test_broker_unreachable_longer_than_the_send_timeout(
+    workloads: dict[str, Workload],
+    references: dict[str, RunOutputs],
+    broker: OwnBroker,
+    tmp_path: Path,
+) -> None:
+    workloads = {**workloads, "ensemble": ensemble(window_ms=UNREACHABLE_JOIN_WINDOW_MS)}  # the same records
+    runs = producing_runs(list(workloads.values()), broker.env, tmp_path, broker.bootstrap, seconds=10)
+    supervisor = Supervisor(runs)
+    supervisor.start()
+    waiting: dict[str, float] = {}
+    broker.process.pause()  # connections stay open, nothing answers: sends hang, then time out
+    try:
+        time.sleep(3)
+        # Records consumed whose outputs the broker has not acknowledged: they wait for it.
+        waiting = {run.workload.kind: run.worker.metric("pipeline_pending_requests") for run in runs}
+        time.sleep(FROZEN_S - 3)
+    finally:
+        broker.process.resume()
+    fault_end_ms = _now_ms()
+    try:
+        for run in runs:
+            assert run.producer is not None
+            run.producer.join(timeout=120)
+            collect_outputs(broker.bootstrap, run.topology, run.workload.done, timeout=180)
+    finally:
+        supervisor.stop()
+    outputs = finish_all(runs, broker.bootstrap)
+    exits = supervisor.exits
+    notes = {
+        kind: f"frozen {FROZEN_S:g} s with {waiting.get(kind, 0):.0f} records awaiting acknowledgement; "
+        f"worker exits {[e.code for e in exits[kind]]}"
+        for kind in outputs
+    }
+    judge("broker unreachable", outputs, references, workloads, fault_end_ms, notes=notes)
+    # A worker whose outputs were refused stops in one line (exit 1), never with a traceback.
+    assert any(exits.values()), f"no delivery failed: nothing was waiting for the broker ({waiting})"
+    for kind, seen in exits.items():
+        for exit in seen:
+            assert exit.code == 1 and "Kafka failed it" in exit.last_line, f"{kind}: {exit}"
+
+
+# ------------------------------------------------------------------ (c) a backlog far behind
+
+BACKLOG_REQUESTS = 200_000
+BACKLOG_STREAMS = 40
+"""Whole streams between the held streams' two halves (about 100 chunks each)."""
+BACKLOG_JOINS = 10_000
+BACKLOG_WINDOW_MS = 2000.0
+IDLE_TIMEOUT_S = 3.0
+"""The held streams' quiet stretch takes far longer than this to process (the bulk between
+their halves), and far less in event time (all of it produced within a few seconds)."""
+
+
+def _held_streams(held: int, bulk: int) -> Workload:
+    """Audio streams whose first halves open the backlog and whose second halves close it,
+    with ``bulk`` whole streams between them."""
+    base = audio(streams=held + bulk)
+    keys = list(dict.fromkeys(r.key for r in base.records))
+    per_key = {key: [r for r in base.records if r.key == key] for key in keys}
+    first = interleave([per_key[k][: len(per_key[k]) // 2] for k in keys[:held]])
+    middle = interleave([per_key[k] for k in keys[held:]])
+    last = interleave([per_key[k][len(per_key[k]) // 2 :] for k in keys[:held]])
+    stages = [{**DALI_STAGE}, {**SEQUENCE_STAGE, **FAST_FAILURES, "idle_timeout_s": IDLE_TIMEOUT_S}]
+
+    def make(tmp_path: Path, extra: dict[str, Any]) -> TopologyFiles:
+        return write_topology(tmp_path, partitions=2, stages=stages, extra=extra)
+
+    return dataclasses.replace(base, records=first + middle + last, make_topology=make)
+
+
+class _PeakLag(threading.Thread):
+    """The largest consumer lag a run's worker reports while it catches up."""
+
+    def __init__(self, runs: Sequence[Run]) -> None:
+        super().__init__(name="lag", daemon=True)
+        self.runs, self.peak = runs, {run.workload.kind: 0.0 for run in runs}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.25):
+            for run in self.runs:
+                lag = run.worker.metric("pipeline_consumer_lag")
+                self.peak[run.workload.kind] = max(self.peak[run.workload.kind], lag)
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self.join(timeout=10)
+        return self.peak
+
+
+def test_a_backlog_far_behind_catches_up_without_expiring_anything(broker: OwnBroker, tmp_path: Path) -> None:
+    backlogs = {
+        w.kind: w
+        for w in (
+            stateless(n=BACKLOG_REQUESTS),
+            _held_streams(held=4, bulk=BACKLOG_STREAMS),
+            ensemble(n=BACKLOG_JOINS, window_ms=BACKLOG_WINDOW_MS),
+        )
+    }
+    (tmp_path / "reference").mkdir()
+    references = reference_outputs(list(backlogs.values()), broker.bootstrap, broker.env, tmp_path / "reference")
+    runs = start_runs(list(backlogs.values()), broker.env, tmp_path)  # creates the topics and groups
+    for run in runs:
+        assert run.worker.terminate() == 0, run.worker.log()
+    produced = time.monotonic()
+    for run in runs:
+        asyncio.run(produce(broker.bootstrap, run.topology.input_topic, run.workload.records))
+    produce_s = time.monotonic() - produced
+    started_ms = _now_ms()
+    for run in runs:
+        run.new_worker().start()
+    lag = _PeakLag(runs)
+    lag.start()
+    try:
+        outputs = finish_all(runs, broker.bootstrap)
+    finally:
+        peak = lag.stop()
+    notes = {
+        kind: f"backlog {len(backlogs[kind].records)} (produced with the others in {produce_s:.1f} s), "
+        f"peak lag {peak[kind]:.0f}, caught up in {_caught_up_s(out, started_ms):.1f} s"
+        for kind, out in outputs.items()
+    }
+    judge("backlog far behind", outputs, references, backlogs, started_ms, notes=notes)
+
+
+def _caught_up_s(out: RunOutputs, started_ms: int) -> float:
+    """Seconds from the workers' start to the last result they wrote."""
+    return (max(r.timestamp for records in out.results.values() for r in records) - started_ms) / 1000
