@@ -12,7 +12,7 @@ Windows run in event time: from the first branch record's timestamp (the
 request's: messages between stages keep it) until every branch partition has
 been read up to the window's end. A partition with nothing left to read counts
 as "now" only when the stages upstream of the join have committed their inputs
-to the end too, or have stopped moving for a window's length (a branch whose
+to the end too, or have stopped moving for a window's length, 30 s at least (a branch whose
 stage is down is late; :mod:`pipeline.kafka.progress`). So a join does not
 expire because this worker, or the stage of one branch, is behind (a backlog, a
 slower branch), only because a branch really is late. Outputs
@@ -44,7 +44,7 @@ from pipeline.contract.request import InferenceRequest, decode_request, forward_
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
-from pipeline.kafka.progress import Upstream, UpstreamProgress
+from pipeline.kafka.progress import MIN_STALL_S, Upstream, UpstreamProgress
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
@@ -137,8 +137,10 @@ class JoinStage(StatefulStage):
         self.states = self.keyed_state(
             state_topic, JoinStateCodec(), ttl_s=self.retention_s, max_keys=settings.max_open
         )
-        # An upstream group that has not committed for a window's length is late, not slow.
-        self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics, stall_s=settings.window_ms / 1000)
+        # An upstream group that has not committed for a window's length (at least MIN_STALL_S)
+        # is late, not slow.
+        stall_s = max(settings.window_ms / 1000, MIN_STALL_S)
+        self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics, stall_s=stall_s)
         behind = (lambda tp: self.progress.behind(tp.partition)) if settings.upstream else None
         self.clock = EventTimeClock(self._highwater, grace_ms=settings.window_ms, upstream_behind=behind)
         self._last_sweep = 0.0

@@ -40,6 +40,12 @@ class Upstream:
     topic: str
 
 
+MIN_STALL_S = 30.0
+"""The shortest time without a commit that counts an upstream group as stopped. A stage
+that is starting (joining its group, waiting for its models), rebalancing or working
+through a large batch commits nothing for seconds while it is only slow; a join window
+shorter than that must not close on it."""
+
 Committed = Mapping[tuple[str, TopicPartition], int | None]
 """(group, input partition) -> the group's committed offset (None: it never committed)."""
 
