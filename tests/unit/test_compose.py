@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / ".env.example"
 REQUIRED = re.findall(r"^([A-Z][A-Z0-9_]*)=$", EXAMPLE.read_text(), flags=re.MULTILINE)
 TRITON_PORTS = {"8000", "8001", "8002"}
+TOPOLOGY = REPO / "topologies" / "audio.yaml"
 
 
 def _project(tmp_path: Path, env_file: str | None) -> Path:
@@ -55,11 +56,12 @@ def _filled(skip: str | None = None) -> str:
 
 
 def test_env_example_names_every_variable_and_holds_no_value() -> None:
-    assert len(REQUIRED) == 8, REQUIRED
+    assert len(REQUIRED) == 9, REQUIRED
     compose = (REPO / "docker-compose.yaml").read_text()
     used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", compose))
     assert used == set(REQUIRED)
-    assert re.findall(r"^[A-Z][A-Z0-9_]*=.+$", EXAMPLE.read_text(), flags=re.MULTILINE) == []
+    # The one value given: which Triton profile runs. Not a secret.
+    assert re.findall(r"^[A-Z][A-Z0-9_]*=.+$", EXAMPLE.read_text(), flags=re.MULTILINE) == ["COMPOSE_PROFILES=cpu"]
     assert ":-" not in compose, "a default value would be a secret in the file"
 
 
@@ -114,7 +116,9 @@ def test_ports_bind_loopback_and_triton_is_internal_only(tmp_path: Path) -> None
     assert set(triton["networks"]) == {"backend"}
     # Whoever reaches Triton shares the internal network with it: only the stack's own services.
     on_backend = sorted(n for n, s in services.items() if "backend" in s.get("networks", {}))
-    assert on_backend == ["kafka", "minio", "minio-init", "models-push", "pipeline", "triton"]
+    stack = ["jaeger", "kafka", "minio", "minio-init", "models-push", "prometheus"]
+    assert on_backend == sorted([*stack, *_stage_services(), "triton", "triton-gpu"])
+    assert "backend" not in services["grafana"]["networks"], "Grafana reaches Prometheus only"
 
 
 def test_each_identity_gets_its_own_keys(tmp_path: Path) -> None:
@@ -128,8 +132,50 @@ def test_each_identity_gets_its_own_keys(tmp_path: Path) -> None:
 
     assert key_of("triton") == values["TRITON_S3_ACCESS_KEY"]
     assert key_of("models-push") == values["MODEL_PUBLISHER_ACCESS_KEY"]
-    assert key_of("pipeline") == values["WORKER_S3_ACCESS_KEY"]
+    for stage in _stage_services():
+        assert key_of(stage) == values["WORKER_S3_ACCESS_KEY"]
     root = {values["MINIO_ROOT_USER"], values["MINIO_ROOT_PASSWORD"]}
     for name, service in services.items():
         if name not in ("minio", "minio-init"):
             assert not root & {str(v) for v in service.get("environment", {}).values()}, name
+
+
+def _stage_services() -> list[str]:
+    stages = yaml.safe_load(TOPOLOGY.read_text())["stages"]
+    return [f"stage-{stage['name']}" for stage in stages]
+
+
+def test_one_service_runs_each_stage_of_the_topology(tmp_path: Path) -> None:
+    """The compose stack runs topologies/audio.yaml for real: a `pipeline run --stage` per stage,
+    each with health and metrics where Prometheus scrapes them and traces going to Jaeger."""
+    services = _resolved(tmp_path, _filled())["services"]
+    for name in _stage_services():
+        service = services[name]
+        assert service["command"] == ["run", "topologies/audio.yaml", "--stage", name.removeprefix("stage-")]
+        env = service["environment"]
+        assert env["PIPELINE_HTTP_PORT"] == "9400" and env["PIPELINE_HEALTH_HOST"] == "0.0.0.0"
+        assert env["OTEL_TRACES_EXPORTER"] == "otlp" and env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"
+        assert env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:19092" and "9400/readyz" in str(service["healthcheck"])
+    scrape = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yaml").read_text())
+    targets = {t for job in scrape["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
+    assert {f"{name}:9400" for name in _stage_services()} | {"triton:8002"} <= targets
+
+
+def test_triton_has_a_cpu_and_a_gpu_profile_answering_as_triton(tmp_path: Path) -> None:
+    services = _resolved(tmp_path, _filled())["services"]
+    cpu, gpu = services["triton"], services["triton-gpu"]
+    assert cpu["profiles"] == ["cpu"] and gpu["profiles"] == ["gpu"]
+    assert cpu["command"] == gpu["command"]
+    for triton in (cpu, gpu):
+        assert triton["networks"]["backend"]["aliases"] == ["triton"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "deploy" not in cpu
+
+
+def test_observability_files_it_mounts_exist(tmp_path: Path) -> None:
+    services = _resolved(tmp_path, _filled())["services"]
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source = str(volume["source"] if isinstance(volume, dict) else volume.split(":")[0])
+            relative = Path(source).relative_to(tmp_path)
+            assert (REPO / relative).is_dir(), f"{name} mounts {relative}, which the repository lacks"
