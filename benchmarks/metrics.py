@@ -23,10 +23,17 @@ Values = dict[tuple[str, str], float]
 _URL_IN_LOG = re.compile(r"metrics on (http://\S+/metrics)")
 
 
-def worker_metrics_url(process: WorkerProcess) -> str | None:
-    """The health/metrics URL a ``pipeline run`` worker logged, or None (not up yet)."""
+def worker_metrics_urls(process: WorkerProcess) -> list[str]:
+    """Every health/metrics URL a ``pipeline run`` worker logged, latest first, each once
+    (``--processes N``: one per child; a restarted child's again)."""
     found = _URL_IN_LOG.findall(process.log_path.read_text(errors="replace"))
-    return found[-1] if found else None
+    return list(dict.fromkeys(reversed(found)))
+
+
+def worker_metrics_url(process: WorkerProcess) -> str | None:
+    """The health/metrics URL a ``pipeline run`` worker logged last, or None (not up yet)."""
+    found = worker_metrics_urls(process)
+    return found[0] if found else None
 
 
 def scrape(

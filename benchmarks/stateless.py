@@ -158,12 +158,20 @@ class KafkaWorker(phases.Target):
 
 # =========================================================================== runner
 class Benchmark(StackBenchmark[Config]):
+    variant = ""
+    """Suffix of a case's topics, topology (so its group) and log: ``benchmarks.processes``
+    runs case (d) several times side by side."""
+
     def __init__(self, config: Config, up: StackUp) -> None:
         super().__init__(config, up)
         self.processes: list[WorkerProcess] = []  # every worker started (CPU accounting)
 
     def topic(self, key: str, what: str) -> str:
-        return f"bench.{self.run_id}.{key}.{what}"
+        return f"bench.{self.run_id}.{key}{self.variant}.{what}"
+
+    def run_args(self) -> list[str]:
+        """More options of (d)'s `pipeline run` (``benchmarks.processes`` adds ``--processes``)."""
+        return []
 
     # ------------------------------------------------------------------ (b)
     async def direct_triton(self) -> CaseResult:
@@ -323,7 +331,7 @@ class Benchmark(StackBenchmark[Config]):
             runner = ["pipeline"]  # the stock CLI, unless a what-if asks for the patching runner
             if cfg.fetch_max_wait_ms is not None or os.environ.get("BENCH_STAGE_PATCH"):
                 runner = ["benchmarks.stage_runner", *fetch]
-            argv = [py, "-m", *runner, "run", str(topology), "--log-level", "warning"]
+            argv = [py, "-m", *runner, "run", str(topology), "--log-level", "warning", *self.run_args()]
             marker, n, verify = "running stages", cfg.requests, _valid_responses
             notes = (
                 (
@@ -345,7 +353,7 @@ class Benchmark(StackBenchmark[Config]):
         else:
             raise ValueError(key)
         await create_topics(self.kafka, topics)
-        process = WorkerProcess(f"{key}-{self.run_id}", argv, self.log_dir, marker, env=env)
+        process = WorkerProcess(f"{key}{self.variant}-{self.run_id}", argv, self.log_dir, marker, env=env)
         self.processes.append(process)
         return KafkaWorker(self, key, n, source, sink, process, verify, notes)
 
@@ -353,7 +361,7 @@ class Benchmark(StackBenchmark[Config]):
         """dense.yaml with this run's topics, endpoints, batch size and concurrency."""
         cfg = self.config
         data = yaml.safe_load(BASE_TOPOLOGY.read_text())
-        data["name"] = f"bench-{self.run_id}"
+        data["name"] = f"bench-{self.run_id}{self.variant}"
         data["kafka"]["bootstrap_servers"] = self.kafka.bootstrap_servers
         data["triton"]["grpc_url"] = self.endpoints.triton.grpc_url
         data["input_topic"], data["result_topic"], data["dead_letter_topic"] = source, sink, dead
@@ -362,7 +370,7 @@ class Benchmark(StackBenchmark[Config]):
         batching["max_batch_size"] = cfg.batch
         batching["max_inflight_batches"] = cfg.concurrency
         batching["max_queue_delay_ms"] = cfg.max_queue_delay_ms
-        path = self.log_dir / f"topology-{self.run_id}.yaml"
+        path = self.log_dir / f"topology-{data['name']}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         load_topology(path)  # fail here, not in the child, if the file is wrong
         return path

@@ -1,25 +1,32 @@
-"""``pipeline run TOPOLOGY``: serve a topology's stages."""
+"""``pipeline run TOPOLOGY``: serve a topology's stages, in this process or in N supervised ones."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import os
+import sys
 from pathlib import Path
 
 import typer
 
-from pipeline.cli.app import app, console
+from pipeline.cli.announce import Announcer
+from pipeline.cli.app import app
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
-from pipeline.errors import ConfigError
+from pipeline.observability.logging import LogSettings, configure_logging
 from pipeline.runtime.health import DEFAULT_HOST
 from pipeline.runtime.runner import RunningProcess, run_topology
+from pipeline.runtime.summary import StartupSummary
+from pipeline.runtime.supervisor import Supervisor
 from pipeline.settings import Endpoints
 from pipeline.topology.loader import load_topology
 from pipeline.topology.model import Topology
 
+_SUPERVISOR_MARGIN_S = 15.0
+"""A child's start-up and close on top of its drain, before the supervisor kills it."""
 
-def endpoints_for(topology: Topology) -> tuple[Endpoints, EmbeddedStack | None]:
+
+def endpoints_for(topology: Topology, say: Announcer) -> tuple[Endpoints, EmbeddedStack | None]:
     """The topology's own endpoints, else the environment, else a running `pipeline up`.
 
     With nothing configured anywhere, an embedded stack is started for this
@@ -40,10 +47,10 @@ def endpoints_for(topology: Topology) -> tuple[Endpoints, EmbeddedStack | None]:
             resolved.triton = endpoints.triton
         return resolved, None
     stack = EmbeddedStack()
-    with console.status("no endpoints configured: starting the embedded stack") as status:
-        stack.start(progress=lambda msg: status.update(msg))
+    with say.status("no endpoints configured: starting the embedded stack") as progress:
+        stack.start(progress=progress)
     write_stack_state(stack.endpoints.environment(), stack.log_dir)  # `produce`/`consume` find it
-    console.print(f"embedded stack up (logs in {stack.log_dir}); other `pipeline` commands use it")
+    say.say(f"embedded stack up (logs in {stack.log_dir}); other `pipeline` commands use it")
     return stack.endpoints, stack
 
 
@@ -62,6 +69,13 @@ def run(
         "--stage",
         help="Run only this stage; repeatable (scale out: more processes, same consumer groups).",
     ),
+    processes: int = typer.Option(
+        1,
+        "--processes",
+        min=1,
+        help="Worker processes on this host (same consumer groups); above 1 this command supervises "
+        "them and restarts a crashed one. Process i serves health/metrics on --http-port + i.",
+    ),
     http_port: int = typer.Option(
         None, "--http-port", help="Port for /healthz, /readyz, /metrics (default: the topology's)."
     ),
@@ -72,35 +86,88 @@ def run(
         help="Address /livez, /readyz and /metrics listen on; 0.0.0.0 for probes from outside "
         "(Kubernetes).",
     ),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="debug, info, warning or error; libraries log only warnings unless debug."
+    ),
+    log_format: str = typer.Option("text", "--log-format", help="text, or json: one JSON object per line."),
+    process_index: int = typer.Option(0, "--process-index", hidden=True),
+    process_count: int = typer.Option(1, "--process-count", hidden=True),
 ) -> None:
     """Run a topology: consume its request topic, infer through Triton, produce results.
 
     Creates missing topics, checks each model is ready before its stage
     consumes, and on SIGTERM/Ctrl-C finishes in-flight work, commits and exits 0.
     """
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        raise ConfigError(f"unknown log level {log_level!r}")
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs = LogSettings(log_level.lower(), log_format)
+    configure_logging(logs)
+    say = Announcer(logs.json)
     topology = load_topology(topology_file)
-    endpoints, stack = endpoints_for(topology)
-
-    def ready(process: RunningProcess) -> None:
-        names = ", ".join(s.io.stage for s in process.stages or [])
-        console.print(
-            f"topology [bold]{topology.name}[/] running stages {names}; "
-            f"health/metrics on http://{_url_host(health_host)}:{process.health_port}/metrics"
-        )
-        console.print(f"requests: {topology.input_topic}  results: {topology.result_topic}  "
-                      f"dead letters: {topology.dead_letter_topic}")
-
+    endpoints, stack = endpoints_for(topology, say)
+    port = topology.http_port if http_port is None else http_port
+    code = 0
     try:
-        asyncio.run(run_topology(
-            topology, endpoints, only_stages=stage, http_port=http_port, http_host=health_host, on_ready=ready
-        ))
+        if processes > 1:
+            code = _supervise(topology_file, topology, endpoints, processes, port, stage, health_host, logs, say)
+        else:
+            _serve(topology, endpoints, stage, port, health_host, say, process_index, process_count)
     finally:
         if stack is not None:
             stack.stop()
             clear_stack_state()
-    console.print("stopped cleanly")
+    if code:
+        raise typer.Exit(code)
+    say.say("stopped cleanly" if process_count == 1 else f"process {process_index + 1} of {process_count} stopped cleanly")
+
+
+def _serve(
+    topology: Topology,
+    endpoints: Endpoints,
+    stage: list[str],
+    port: int,
+    health_host: str,
+    say: Announcer,
+    index: int,
+    count: int,
+) -> None:
+    """This process runs the stages; process ``index`` of ``count`` under a supervisor."""
+
+    def ready(process: RunningProcess) -> None:
+        url = f"http://{_url_host(health_host)}:{process.health_port}/metrics"
+        ios = [s.io for s in process.stages or []]
+        summary = StartupSummary.of(topology, ios, endpoints, url, process=index + 1, processes=count)
+        say.summary(summary, full=index == 0)
+
+    asyncio.run(run_topology(
+        topology, endpoints, only_stages=stage, http_port=port, http_host=health_host, on_ready=ready
+    ))
+
+
+def _supervise(
+    topology_file: Path,
+    topology: Topology,
+    endpoints: Endpoints,
+    count: int,
+    port: int,
+    stage: list[str],
+    health_host: str,
+    logs: LogSettings,
+    say: Announcer,
+) -> int:
+    """Start ``count`` children of this command (one process each), keep them running."""
+
+    def argv(index: int) -> list[str]:
+        child_port = port + index if port else 0  # 0: each child picks a free one
+        args = [sys.executable, "-m", "pipeline", "run", str(topology_file), "--processes", "1"]
+        args += ["--http-port", str(child_port), "--health-host", health_host]
+        args += ["--log-level", logs.level, "--log-format", logs.format]
+        args += ["--process-index", str(index), "--process-count", str(count)]
+        for name in stage:
+            args += ["--stage", name]
+        return args
+
+    ports = f"ports {port}-{port + count - 1}" if port else "free ports"
+    say.say(f"supervisor (pid {os.getpid()}): {count} processes of topology {topology.name}, health/metrics on {ports}")
+    # Children talk to exactly what this process resolved (an embedded stack included).
+    env = {**os.environ, **endpoints.environment()}
+    supervisor = Supervisor(argv, count, env=env, stop_timeout_s=topology.drain_timeout_s + _SUPERVISOR_MARGIN_S)
+    return asyncio.run(supervisor.run())

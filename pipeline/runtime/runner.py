@@ -115,7 +115,7 @@ async def run_topology(
         await asyncio.gather(*(stage.start() for stage in state.stages or []))
         if on_ready is not None:
             on_ready(state)
-        log.info("topology %s running (health on %s:%s)", topology.name, http_host, state.health_port)
+        log.debug("topology %s running (health on %s:%s)", topology.name, http_host, state.health_port)  # the summary says it
         tasks = [asyncio.create_task(stage.run(stop), name=stage.io.stage) for stage in state.stages or []]
         tasks.append(asyncio.create_task(watchdog.run(stop), name="watchdog"))
         tasks.append(

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,9 +95,16 @@ class PipelineProcess:
     """One `pipeline run` process with its health port and log file."""
 
     def __init__(
-        self, topology: TopologyFiles, env: dict[str, str], log_path: Path, stage: str | list[str] | None = None
+        self,
+        topology: TopologyFiles,
+        env: dict[str, str],
+        log_path: Path,
+        stage: str | list[str] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
+        """``args``: more options of `pipeline run` (``--processes 2``, ``--log-format json``)."""
         self.topology = topology
+        self.args = list(args)
         self.env = dict(env, PYTHONUNBUFFERED="1", COLUMNS="200")
         self.log_path = log_path
         self.stage = stage
@@ -108,6 +115,7 @@ class PipelineProcess:
         argv = [sys.executable, "-m", "pipeline", "run", str(self.topology.path), "--http-port", str(self.http_port)]
         for name in [self.stage] if isinstance(self.stage, str) else (self.stage or []):
             argv += ["--stage", name]
+        argv += self.args
         log = open(self.log_path, "ab")  # owned by the process, closed when it exits
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ready_timeout
@@ -119,18 +127,19 @@ class PipelineProcess:
             time.sleep(0.2)
         raise AssertionError(f"pipeline run not ready after {ready_timeout}s:\n{self.log()}")
 
-    def get(self, path: str) -> tuple[int, str]:
+    def get(self, path: str, port: int | None = None) -> tuple[int, str]:
+        """GET ``path`` on the health port (``port``: another one, e.g. a supervised child's)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port or self.http_port}{path}", timeout=2) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, ""
         except OSError:
             return 0, ""
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str, port: int | None = None) -> float:
         """Sum of every sample of ``name`` in /metrics (0 when absent)."""
-        _, text = self.get("/metrics")
+        _, text = self.get("/metrics", port)
         total = 0.0
         for line in text.splitlines():
             if line.startswith((name + "{", name + " ")):
@@ -144,6 +153,18 @@ class PipelineProcess:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def children(self) -> dict[int, int]:
+        """``--processes N``: the supervisor's live children, health port -> pid."""
+        found = {}
+        for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:  # exited meanwhile
+                continue
+            if "--http-port" in argv:  # not a zombie (empty cmdline)
+                found[int(argv[argv.index("--http-port") + 1])] = int(pid)
+        return found
 
     def rss_bytes(self) -> int:
         with open(f"/proc/{self.pid}/status") as status:

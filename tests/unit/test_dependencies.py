@@ -1,0 +1,142 @@
+"""Declared dependencies and imports agree: nothing works only by accident, nothing is carried for nothing.
+
+- Every third-party module imported anywhere in ``pipeline/`` or ``workers/`` (lazy imports
+  included) belongs to a distribution declared in ``[project] dependencies`` or in the
+  ``embedded`` extra (the local stack ``pipeline run`` starts by default). aiohttp, for
+  one, used to arrive only because faust-streaming depends on it.
+- Every distribution in ``[project] dependencies`` is imported somewhere there: a runtime
+  dependency has a run-time role (a benchmark's library belongs in an extra).
+
+Import names map to distributions through ``importlib.metadata.packages_distributions()``;
+namespace packages shared by several distributions (``google``, ``nvidia``,
+``opentelemetry``) are told apart by the files each distribution installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+REPO = Path(__file__).resolve().parents[2]
+OURS = ("pipeline", "workers", "tests", "benchmarks")
+RUNTIME_EXTRAS = ("embedded",)
+TEST_ONLY_MODULES = {"pipeline/audio/reference.py": "the tests' and benchmarks' numpy/scipy reference of DALI"}
+"""Modules of the package that nothing in ``pipeline/`` or ``workers/`` imports (checked below)."""
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(spec: str) -> str:
+    match = re.match(r"[A-Za-z0-9._-]+", spec.strip())
+    assert match, spec
+    return _normalise(match.group(0))
+
+
+def _project() -> dict[str, object]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert isinstance(project, dict)
+    return project
+
+
+def _core() -> set[str]:
+    return {_requirement_name(spec) for spec in _project()["dependencies"]}  # type: ignore[attr-defined]
+
+
+def _runtime_allowed() -> set[str]:
+    extras = _project()["optional-dependencies"]
+    assert isinstance(extras, dict)
+    return _core() | {_requirement_name(spec) for extra in RUNTIME_EXTRAS for spec in extras[extra]}
+
+
+def _source_files() -> list[Path]:
+    return [p for root in ("pipeline", "workers") for p in sorted((REPO / root).rglob("*.py"))]
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Dotted names imported by ``path`` (absolute imports; ``from a import b`` gives ``a.b``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _third_party(name: str) -> bool:
+    top = name.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in OURS and top != "__future__"
+
+
+@cache
+def _packages() -> dict[str, list[str]]:
+    return metadata.packages_distributions()
+
+
+@cache
+def _files(distribution: str) -> tuple[str, ...]:
+    return tuple(str(f) for f in metadata.files(distribution) or ())
+
+
+def distributions_of(name: str) -> set[str]:
+    """The distributions that install the module ``name`` (its deepest part one of them owns)."""
+    candidates = _packages().get(name.split(".")[0], [])
+    if len(set(candidates)) <= 1:
+        return {_normalise(c) for c in candidates}
+    parts = name.split(".")
+    while parts:
+        path = "/".join(parts)
+        owners = {c for c in candidates if any(f.startswith(path + "/") or f == path + ".py" for f in _files(c))}
+        if owners:
+            return {_normalise(c) for c in owners}
+        parts.pop()
+    return {_normalise(c) for c in candidates}
+
+
+def _runtime_imports() -> dict[str, set[str]]:
+    """Third-party module name -> the files importing it (test-only modules left out)."""
+    found: dict[str, set[str]] = {}
+    for path in _source_files():
+        rel = str(path.relative_to(REPO))
+        if rel in TEST_ONLY_MODULES:
+            continue
+        for name in _imported_names(path):
+            if _third_party(name):
+                found.setdefault(name, set()).add(rel)
+    return found
+
+
+def test_every_runtime_import_is_a_declared_dependency() -> None:
+    allowed = _runtime_allowed()
+    undeclared = {
+        name: (sorted(distributions_of(name)), sorted(files))
+        for name, files in _runtime_imports().items()
+        if not distributions_of(name) & allowed
+    }
+    assert undeclared == {}, f"imported but not declared in pyproject.toml (name: (distributions, files)): {undeclared}"
+
+
+def test_every_declared_runtime_dependency_is_imported() -> None:
+    imported = set().union(*(distributions_of(name) for name in _runtime_imports()))
+    unused = sorted(_core() - imported)
+    assert unused == [], f"declared in [project] dependencies, imported nowhere in pipeline/ or workers/: {unused}"
+
+
+def test_test_only_modules_are_not_imported_at_run_time() -> None:
+    test_only = {rel.removesuffix(".py").replace("/", ".") for rel in TEST_ONLY_MODULES}
+    importers = {
+        str(path.relative_to(REPO)): sorted(names & test_only)
+        for path in _source_files()
+        if (names := {n for name in _imported_names(path) for n in (name, name.rpartition(".")[0])}) & test_only
+    }
+    assert importers == {}, importers
