@@ -12,7 +12,7 @@ from pipeline.cli.app import app, console
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
 from pipeline.errors import ConfigError
-from pipeline.runtime.health import DEFAULT_HOST
+from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT
 from pipeline.runtime.runner import RunningProcess, run_topology
 from pipeline.settings import Endpoints
 from pipeline.topology.loader import load_topology
@@ -63,7 +63,11 @@ def run(
         help="Run only this stage; repeatable (scale out: more processes, same consumer groups).",
     ),
     http_port: int = typer.Option(
-        None, "--http-port", help="Port for /healthz, /readyz, /metrics (default: the topology's)."
+        None,
+        "--http-port",
+        envvar="PIPELINE_HTTP_PORT",
+        help=f"Port for /livez, /readyz, /metrics (default: the topology's http_port, else {DEFAULT_PORT}); "
+        "0 for any free port.",
     ),
     health_host: str = typer.Option(
         DEFAULT_HOST,
