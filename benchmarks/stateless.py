@@ -366,6 +366,7 @@ class Benchmark(StackBenchmark[Config]):
         data["triton"]["grpc_url"] = self.endpoints.triton.grpc_url
         data["input_topic"], data["result_topic"], data["dead_letter_topic"] = source, sink, dead
         data["metrics_topic"] = self.topic("d", "metrics")
+        data["http_port"] = 0  # any free port: several runs share the machine
         batching = data["stages"][0]["batching"]
         batching["max_batch_size"] = cfg.batch
         batching["max_inflight_batches"] = cfg.concurrency

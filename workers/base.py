@@ -40,6 +40,7 @@ from pipeline.settings import KafkaSettings
 from workers.dead_letters import dead_letter_record
 from workers.fencing import StageFence
 from workers.flow_control import FlowControl
+from workers.lag import ConsumerLag
 from workers.outcomes import StageOutcomes
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class StreamStage(abc.ABC):
         self._flow = FlowControl(
             io.stage, metrics, max_pending=io.max_pending, max_pending_bytes=io.max_pending_bytes
         )
+        self.lag = ConsumerLag(io.stage, io.group_id, metrics)
         self._fatal: BaseException | None = None
         self.outcomes = StageOutcomes(io.stage, metrics)
         # Partitions whose records may be handled: assigned *and* restored. aiokafka
@@ -201,6 +203,11 @@ class StreamStage(abc.ABC):
         """Topics whose partition ``p`` must be read together with input partition ``p``
         (checked at start): the inputs; stateful stages add their state topic."""
         return list(self.io.input_topics)
+
+    async def refresh_lag(self) -> None:
+        """Lag from the brokers' end offsets: a paused consumer fetches nothing, its lag still moves."""
+        if self._consumer is not None:
+            await self.lag.refresh(self._consumer, set(self._owned))
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's end offset as last fetched (None before the first fetch)."""
@@ -313,7 +320,7 @@ class StreamStage(abc.ABC):
                         # so a thread would not help): let heartbeats and the outbox run between.
                         await asyncio.sleep(0)
                 if records:
-                    self._flow.observe_lag(consumer, tp, records[-1].offset)
+                    self.lag.observe(consumer, tp, records[-1].offset)
             await self.fence.guard(self.tick())
 
     async def _may_handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:

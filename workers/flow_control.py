@@ -9,7 +9,6 @@ not stopped: the stage keeps polling, which keeps its group membership alive.
 from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 
 from pipeline.observability.metrics import PipelineMetrics
 
@@ -21,8 +20,6 @@ class FlowControl:
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self.paused = False
-        self._metrics = metrics
-        self._stage = stage
         self._pending = metrics.pending_requests.labels(stage)
         self._pending_bytes = metrics.pending_bytes.labels(stage)
         self._paused_gauge = metrics.paused.labels(stage)
@@ -42,10 +39,3 @@ class FlowControl:
             self.paused = False
             self._paused_gauge.set(0)
         return room
-
-    def observe_lag(self, consumer: AIOKafkaConsumer, tp: TopicPartition, last_offset: int) -> None:
-        """Records between what was just fetched and the partition's end (high watermark)."""
-        high = consumer.highwater(tp)
-        if high is not None:
-            lag = max(0, high - (last_offset + 1))
-            self._metrics.consumer_lag.labels(self._stage, tp.topic, str(tp.partition)).set(lag)

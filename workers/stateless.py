@@ -194,7 +194,10 @@ class BatchingStage(StreamStage):
     async def _run_batch(self, items: list[_Pending]) -> None:
         async with self._inflight:
             gauge = self.metrics.inflight_batches.labels(self.io.stage)
+            held = self.metrics.inflight_bytes.labels(self.io.stage)
+            size = sum(item.slot.size for item in items)
             gauge.inc()
+            held.inc(size)
             try:
                 await self._serve(items)
             except Exception as exc:
@@ -203,6 +206,7 @@ class BatchingStage(StreamStage):
                     self._fail(item, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
             finally:
                 gauge.dec()
+                held.dec(size)
 
     async def _serve(self, items: list[_Pending]) -> None:
         """Run the batch under the failure policy until every item has an output."""

@@ -14,8 +14,8 @@ from pipeline.cli.app import app
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
 from pipeline.observability.logging import LogSettings, configure_logging
-from pipeline.runtime.health import DEFAULT_HOST
-from pipeline.runtime.runner import RunningProcess, run_topology
+from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT
+from pipeline.runtime.runner import RunningProcess, health_port, run_topology
 from pipeline.runtime.summary import StartupSummary
 from pipeline.runtime.supervisor import Supervisor
 from pipeline.settings import Endpoints
@@ -77,7 +77,11 @@ def run(
         "them and restarts a crashed one. Process i serves health/metrics on --http-port + i.",
     ),
     http_port: int = typer.Option(
-        None, "--http-port", help="Port for /healthz, /readyz, /metrics (default: the topology's)."
+        None,
+        "--http-port",
+        envvar="PIPELINE_HTTP_PORT",
+        help=f"Port for /livez, /readyz, /metrics (default: the topology's http_port, else {DEFAULT_PORT}); "
+        "0 for any free port.",
     ),
     health_host: str = typer.Option(
         DEFAULT_HOST,
@@ -103,7 +107,7 @@ def run(
     say = Announcer(logs.json)
     topology = load_topology(topology_file)
     endpoints, stack = endpoints_for(topology, say)
-    port = topology.http_port if http_port is None else http_port
+    port = health_port(topology, http_port)  # --http-port, else the topology's, else DEFAULT_PORT
     code = 0
     try:
         if processes > 1:

@@ -13,6 +13,7 @@ from importlib.metadata import version
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.runtime.health import DEFAULT_PORT
 from pipeline.settings import S3Settings
 
 DEFAULT_IMAGE = f"streaming-inference-pipeline:{version('streaming-inference-pipeline')}"
@@ -80,8 +81,8 @@ class DeployOptions:
         default_factory=lambda: Resources(cpu_request="1", memory_request="2Gi", memory_limit="4Gi")
     )
     stage_resources: Resources = field(default_factory=Resources)
-    http_port: int = 8080
-    """Health and metrics port of every worker (``--http-port``; the topology's is often 0)."""
+    http_port: int = DEFAULT_PORT
+    """Health and metrics port of every worker (``--http-port``): the workers' stable default."""
     min_replicas: int = 1
     max_replicas: int | None = None
     """None = the partition count, which is also the cap: more consumers than partitions idle."""

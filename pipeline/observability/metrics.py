@@ -2,14 +2,27 @@
 
 Names follow Prometheus conventions (``_total`` counters, ``_seconds``
 histograms) and carry a ``stage`` label, so one scrape of a process running
-several stages separates them.
+several stages separates them. Every series, the process collectors' included,
+also carries ``topology`` (:class:`~pipeline.observability.registry.LabelledRegistry`),
+so one Prometheus scraping several topologies, or dashboards and alert rules
+filtering on one, need no relabelling in the scrape configuration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from pipeline.observability.registry import LabelledRegistry
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -17,11 +30,21 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 @dataclass
 class PipelineMetrics:
-    """All collectors, registered on a private registry (never the global default)."""
+    """All collectors, registered on a private registry (never the global default).
 
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    ``topology`` labels every series (empty: none, as in unit tests of one stage).
+    """
+
+    topology: str = ""
+    registry: CollectorRegistry = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.registry = LabelledRegistry({"topology": self.topology})
+        # CPU seconds, resident memory, open file descriptors, start time (Linux /proc), the
+        # Python version and its garbage collector: what an operator checks first on a slow worker.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         # Every metric is labelled by stage first; the arguments after the help text name its other labels.
         counter, gauge, histogram = self._counter, self._gauge, self._histogram
         self.requests = counter("pipeline_requests_total", "Records consumed by a stage.")
@@ -50,6 +73,9 @@ class PipelineMetrics:
             "From the request record's timestamp to its result being acknowledged by the broker.",
         )
         self.inflight_batches = gauge("pipeline_inflight_batches", "Triton calls in flight.")
+        self.inflight_bytes = gauge(
+            "pipeline_inflight_bytes", "Bytes of the request records inside the Triton calls in flight."
+        )
         self.pending_requests = gauge(
             "pipeline_pending_requests",
             "Records consumed but not yet acknowledged downstream (bounded by backpressure).",
@@ -63,6 +89,12 @@ class PipelineMetrics:
             "Records between the consumer position and the partition end.",
             "topic",
             "partition",
+        )
+        self.consumer_group_lag = gauge(
+            "pipeline_consumer_group_lag",
+            "Sum of pipeline_consumer_lag over the partitions this process holds for the consumer "
+            "group; sum by (group) across processes for the whole group's lag.",
+            "group",
         )
         self.records_dropped = counter(
             "pipeline_records_dropped_total",
@@ -112,6 +144,10 @@ class PipelineMetrics:
             "(0: none pending); past the stage's stall_after_s, /readyz answers 503.",
             "topic",
             "partition",
+        )
+        self.stage_ready = gauge(
+            "pipeline_stage_ready",
+            "1 while the stage consumes and none of its partitions is stalled (its share of /readyz).",
         )
         self.paused = gauge("pipeline_consumer_paused", "1 while consumption is paused by backpressure.")
 

@@ -17,6 +17,11 @@ The server binds :data:`DEFAULT_HOST` (loopback) unless told otherwise: metrics
 name topics, models and stages, and nothing outside the machine should see them
 by accident. Containers whose probes come from outside (Kubernetes) set
 ``--health-host 0.0.0.0`` (``PIPELINE_HEALTH_HOST``) on purpose.
+
+The port is :data:`DEFAULT_PORT` unless the topology's ``http_port`` or
+``--http-port`` says otherwise, so a Prometheus scrape configuration, a probe
+or a Service can name it; 0 asks for any free port (tests, benchmarks, several
+workers on one machine).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pipeline.observability.metrics import PipelineMetrics
 
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9400
+"""The health and metrics port: one stable number for scrape configurations and probes.
+Clear of Triton (8000-8002), MinIO (9000/9001), Prometheus (9090), Kafka (9092),
+Grafana (3000), OTLP (4317/4318) and the OpenTelemetry Prometheus exporter (9464)."""
 
 Problems = Callable[[], list[str]]
 """Returns what is wrong (one line each); empty when all is well."""

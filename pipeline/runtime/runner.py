@@ -25,7 +25,8 @@ from pipeline.kafka.clients import ensure_topics, make_producer
 from pipeline.kafka.copartition import check_copartitioned
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.snapshot import publish_snapshots
-from pipeline.runtime.health import DEFAULT_HOST, HealthServer
+from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT, HealthServer
+from pipeline.runtime.lag import refresh_lag
 from pipeline.runtime.stages import build_stages, record_limits
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.settings import Endpoints
@@ -73,14 +74,14 @@ async def run_topology(
     """Create missing topics, start the stages and serve until ``stop`` (or a signal).
 
     Health and metrics listen on ``http_host`` (loopback by default) and ``http_port``
-    (default: the topology's).
+    (default: the topology's, else :data:`~pipeline.runtime.health.DEFAULT_PORT`; 0: any free port).
     """
     stop = stop or asyncio.Event()
     if install_signal_handlers:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    metrics = PipelineMetrics()
+    metrics = PipelineMetrics(topology=topology.name)
     state_topics = topology.state_topics()
     created = await ensure_topics(
         endpoints.kafka,
@@ -103,7 +104,7 @@ async def run_topology(
         metrics,
         state.not_ready,
         host=http_host,
-        port=topology.http_port if http_port is None else http_port,
+        port=health_port(topology, http_port),
         not_live=liveness.problems,
         before_scrape=watchdog.check,
     )
@@ -118,6 +119,7 @@ async def run_topology(
         log.debug("topology %s running (health on %s:%s)", topology.name, http_host, state.health_port)  # the summary says it
         tasks = [asyncio.create_task(stage.run(stop), name=stage.io.stage) for stage in state.stages or []]
         tasks.append(asyncio.create_task(watchdog.run(stop), name="watchdog"))
+        tasks.append(asyncio.create_task(refresh_lag(state.stages or [], stop), name="consumer-lag"))
         tasks.append(
             asyncio.create_task(
                 publish_snapshots(
@@ -146,6 +148,14 @@ async def run_topology(
         stop.set()
         await bounded(snapshot_producer.stop(), _CLOSE_S, "metrics producer close")
         await bounded(health.stop(), _CLOSE_S, "health server close")
+
+
+def health_port(topology: Topology, asked: int | None = None) -> int:
+    """The port asked for (``--http-port``), else the topology's, else the stable default."""
+    for port in (asked, topology.http_port):
+        if port is not None:
+            return port
+    return DEFAULT_PORT
 
 
 async def _until_stop_or_failure(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:

@@ -8,7 +8,9 @@ move is a wedged partition, whatever the cause (a hung Triton, a stuck DALI run,
 a lost task): the age is exported as
 ``pipeline_oldest_unfinished_record_age_seconds{stage,topic,partition}``, and an
 age past the stage's ``stall_after_s`` makes ``/readyz`` answer 503, naming the
-stage and partition, until the line moves again.
+stage and partition, until the line moves again. ``pipeline_stage_ready{stage}`` is
+each stage's share of that answer (1: consuming and no partition stalled), so an
+alert can name the stage that took the process out of service.
 
 Liveness is a separate question (:class:`Liveness`): a stalled partition is a
 reason to take the process out of service, not to restart it (the stall is
@@ -49,6 +51,7 @@ class Watchdog:
     def __init__(self, stages: Sequence[StreamStage], metrics: PipelineMetrics) -> None:
         self._stages = stages
         self._gauge = metrics.oldest_unfinished_age
+        self._ready = metrics.stage_ready
         self._labelled: set[tuple[str, str, str]] = set()
 
     def check(self) -> list[Stall]:
@@ -57,12 +60,15 @@ class Watchdog:
         seen: set[tuple[str, str, str]] = set()
         for stage in self._stages:
             limit = stage.io.stall_after_s
+            stalled = False
             for tp, age in sorted(stage.oldest_unfinished().items()):
                 labels = (stage.io.stage, tp.topic, str(tp.partition))
                 self._gauge.labels(*labels).set(age)
                 seen.add(labels)
                 if age > limit:
+                    stalled = True
                     stalls.append(Stall(stage.io.stage, tp.topic, tp.partition, age, limit))
+            self._ready.labels(stage.io.stage).set(1 if stage.ready and not stalled else 0)
         for labels in self._labelled - seen:
             with contextlib.suppress(KeyError):
                 self._gauge.remove(*labels)

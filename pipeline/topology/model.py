@@ -420,8 +420,9 @@ class Topology(_Strict):
     """Where workers publish periodic metric snapshots."""
     metrics_interval_s: PositiveFloat = 10.0
     """Seconds between metric snapshots."""
-    http_port: int = Field(default=0, ge=0, le=65535)
-    """Port of the health/metrics HTTP endpoint; 0 = any free port."""
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the health/metrics HTTP endpoint; unset = the stable default 9400
+    (``pipeline.runtime.health.DEFAULT_PORT``), 0 = any free port."""
     drain_timeout_s: PositiveFloat = 30.0
     """SIGTERM: how long the process may take to finish, commit and close; work still
     unfinished then is abandoned uncommitted (its records are replayed by the next owner)."""

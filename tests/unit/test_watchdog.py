@@ -48,16 +48,19 @@ class _Stage:
     def __init__(self, name: str, limit: float, ages: dict[TopicPartition, float]) -> None:
         self.io = StageIO(name, "g", "in", "out", "dl", stall_after_s=limit)
         self.ages = ages
+        self.ready = True  # consuming
 
     def oldest_unfinished(self) -> dict[TopicPartition, float]:
         return self.ages
 
 
-def _gauge(metrics: PipelineMetrics) -> dict[tuple[str, ...], float]:
+def _gauge(
+    metrics: PipelineMetrics, name: str = "pipeline_oldest_unfinished_record_age_seconds"
+) -> dict[tuple[str, ...], float]:
     return {
         tuple(s.labels.values()): s.value
         for family in metrics.registry.collect()
-        if family.name == "pipeline_oldest_unfinished_record_age_seconds"
+        if family.name == name
         for s in family.samples
     }
 
@@ -70,9 +73,14 @@ def test_watchdog_names_stalled_partitions_and_exports_every_age() -> None:
     assert [(s.stage, s.topic, s.partition) for s in stalls] == [("classify", "in", 0)]
     assert "stage classify: partition in-0" in stalls[0].describe()
     assert _gauge(metrics) == {("classify", "in", "0"): 5.0, ("classify", "in", "1"): 0.5}
+    assert _gauge(metrics, "pipeline_stage_ready") == {("classify",): 0.0}
     stage.ages = {TP1: 0.1}  # partition 0 moved (or was handed back)
     assert watchdog.check() == []
     assert _gauge(metrics) == {("classify", "in", "1"): 0.1}
+    assert _gauge(metrics, "pipeline_stage_ready") == {("classify",): 1.0}
+    stage.ready = False  # not consuming (starting, or its consumer failed)
+    watchdog.check()
+    assert _gauge(metrics, "pipeline_stage_ready") == {("classify",): 0.0}
 
 
 def test_default_stall_threshold_follows_the_call_bound() -> None:
