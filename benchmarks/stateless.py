@@ -165,6 +165,7 @@ class Benchmark(StackBenchmark[Config]):
     def __init__(self, config: Config, up: StackUp) -> None:
         super().__init__(config, up)
         self.processes: list[WorkerProcess] = []  # every worker started (CPU accounting)
+        self.worker_env: dict[str, str] = {}  # extra environment of (d), e.g. OTEL_* (benchmarks.tracing)
 
     def topic(self, key: str, what: str) -> str:
         return f"bench.{self.run_id}.{key}{self.variant}.{what}"
@@ -333,6 +334,7 @@ class Benchmark(StackBenchmark[Config]):
                 runner = ["benchmarks.stage_runner", *fetch]
             argv = [py, "-m", *runner, "run", str(topology), "--log-level", "warning", *self.run_args()]
             marker, n, verify = "running stages", cfg.requests, _valid_responses
+            env = dict(self.worker_env)
             notes = (
                 (
                     f"`python -m pipeline run` child process; max_batch_size {cfg.batch}, "

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.contract.request import InferenceRequest
 from pipeline.failure_policy import Failure
+from pipeline.observability.tracing import CallSpan
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class BatchBackend(Protocol):
 
     name: str  # metrics label (model name, "dali")
     device: str | None  # where it runs, when that is worth exporting ("cpu", "gpu")
+
+    @property
+    def call_span(self) -> CallSpan:
+        """How one call is traced (name, CLIENT for a remote server, attributes)."""
 
     async def setup(self) -> int:
         """Connect, check readiness; return the backend's own row limit per call (0 = none)."""

@@ -36,6 +36,7 @@ from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.record_trace import stage_tracer
 from pipeline.settings import KafkaSettings
 from workers.dead_letters import dead_letter_record
 from workers.fencing import StageFence
@@ -133,6 +134,7 @@ class StreamStage(abc.ABC):
         self.fence = StageFence()
         # getmany that turns undecodable records into dead-letter stand-ins instead of a crash loop.
         self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])
+        self._traces = stage_tracer(io.stage, io.group_id)  # None: tracing off
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""
@@ -304,7 +306,7 @@ class StreamStage(abc.ABC):
                 for record in records:
                     if tp not in self._owned or self.fence.revocations != revocations:
                         break  # revoked while we were handling this batch (even if assigned again)
-                    slot = self.outbox.track(record)
+                    slot = self.outbox.track(record, self._traces)
                     self.outcomes.consumed()
                     if isinstance(record, UnreadableRecord):
                         self.metrics.unreadable_records.labels(stage, record.cause).inc()

@@ -37,6 +37,7 @@ from pipeline.audio import AudioInput, AudioLimits
 from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.request import InferenceRequest
 from pipeline.failure_policy import Failure, FailureKind
+from pipeline.observability.tracing import CallSpan
 from workers.backend import BatchOutput
 
 if TYPE_CHECKING:
@@ -117,6 +118,11 @@ class DaliAudioBackend:
         self._thread = _DaliThread()
         self._one_run = asyncio.Lock()  # runs are serial; waiting for the lock is not run time
         self.abandoned_runs = 0
+
+    @property
+    def call_span(self) -> CallSpan:
+        """A DALI run is local work (INTERNAL), on the device chosen at setup."""
+        return CallSpan("dali preprocess", remote=False, attributes={"dali.device": self.device or ""})
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self) -> int:

@@ -47,6 +47,7 @@ from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.progress import MIN_STALL_S, Upstream, UpstreamProgress
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.record_trace import record_trace
 from pipeline.settings import KafkaSettings
 from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
@@ -193,6 +194,8 @@ class JoinStage(StatefulStage):
         state.digests[branch] = payload_digest(value)
         complete = len(state.branches) == len(self.node.branches)
         if self.node.mode == "any" or complete:
+            if (trace := record_trace(slot)) is not None:  # the output continues this branch's trace
+                trace.link(hs for b, hs in state.branch_headers.items() if b != branch)
             status = None if complete else "first"  # any-join: this branch won
             try:
                 merged = self._merged(key, state, status=status)

@@ -38,6 +38,8 @@ from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.record_trace import record_trace
+from pipeline.observability.tracing import call_span
 from pipeline.settings import KafkaSettings
 from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
@@ -142,6 +144,8 @@ class BatchingStage(StreamStage):
             return
         rows = self.backend.rows(request)
         pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic())
+        if (trace := record_trace(slot)) is not None:
+            trace.queued()
         size = len(record.value or b"")
         for batch in self._batcher.add(self.backend.batch_key(request), pending, rows, size=size):
             self._dispatch(batch)
@@ -245,9 +249,19 @@ class BatchingStage(StreamStage):
         queue_delay = self.metrics.queue_delay.labels(self.io.stage)
         for item in items:
             queue_delay.observe(now - item.enqueued)
-        self.metrics.batch_size.labels(self.io.stage).observe(sum(item.rows for item in items))
+        rows = sum(item.rows for item in items)
+        self.metrics.batch_size.labels(self.io.stage).observe(rows)
+        # Tracing: each record's wait ends; the call is one span, child of the first record's
+        # span (a batch of one is one tree) and linked to every record's.
+        spans = []
+        for item in items:
+            if (trace := record_trace(item.slot)) is not None:
+                trace.dequeued(len(items))
+                spans.append(trace.span)
+        batch = {"pipeline.batch.rows": rows, "pipeline.batch.requests": len(items)} if spans else None
         started = time.perf_counter()
-        output = await self.backend.run([item.request for item in items], [item.prepared for item in items])
+        with call_span(self.backend.call_span, spans[0] if spans else None, spans, batch):
+            output = await self.backend.run([item.request for item in items], [item.prepared for item in items])
         self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
         return output
 

@@ -46,9 +46,10 @@ from tritonclient.utils import triton_to_np_dtype
 from pipeline.contract.request import InferenceRequest
 from pipeline.contract.validation import validate_inputs, validate_model, validate_outputs
 from pipeline.failure_policy import Failure
+from pipeline.observability.tracing import CallSpan, grpc_metadata
 from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
-from pipeline.triton.client import aio_client
+from pipeline.triton.client import aio_client, triton_call_span
 from pipeline.triton.failures import TritonFailureClassifier
 from workers.backend import BatchOutput
 
@@ -63,6 +64,7 @@ class TritonModelBackend:
         self.settings, self.model, self.model_version = settings, model, model_version
         self.name = model
         self.call_timeout_s = call_timeout_s
+        self.call_span: CallSpan = triton_call_span(settings, model, model_version)
         self.device: str | None = None
         self.description: ModelDescription | None = None
         self._client: triton_aio.InferenceServerClient | None = None
@@ -158,6 +160,7 @@ class TritonModelBackend:
             priority=first.priority or 0,
             timeout=first.timeout_us,
             client_timeout=call_timeout(requests, self.call_timeout_s),
+            headers=grpc_metadata(),  # W3C trace context: Triton continues it when its tracing is on
         )
         result = response.get_response()
         if not first.model_version:

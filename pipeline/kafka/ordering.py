@@ -17,11 +17,20 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from aiokafka.structs import TopicPartition
 
 T = TypeVar("T")
+
+
+class SlotTrace(Protocol[T]):
+    """What traces a slot (``pipeline.observability.record_trace.RecordTrace``): told when
+    the slot gets its output (and may stamp it) and when the broker acknowledged it."""
+
+    def completed(self, output: T) -> T: ...
+
+    def acknowledged(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -37,6 +46,8 @@ class Slot(Generic[T]):
     size: int = 0
     """Bytes the consumed record holds (key and value): backpressure counts bytes too."""
     """When the record was consumed (monotonic): the watchdog's age of an unfinished record."""
+    trace: SlotTrace[T] | None = None
+    """The record's spans when tracing is on (None: off)."""
 
     @property
     def ready(self) -> bool:

@@ -29,7 +29,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 from pipeline.contract.headers import Headers
 from pipeline.kafka.after_acks import AfterAcks
 from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
-from pipeline.kafka.ordering import OrderedOffsets, Slot
+from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,12 @@ class OutRecord:
 
 Outputs = tuple[OutRecord, ...]
 OnAcknowledged = Callable[[OutRecord], None]
+
+
+class SlotTracer(Protocol):
+    """Starts a consumed record's trace (``pipeline.observability.record_trace.RecordTracer``)."""
+
+    def consumed(self, record: Any) -> SlotTrace[Outputs]: ...
 
 
 class OversizeHandler(Protocol):
@@ -97,15 +103,21 @@ class Outbox:
         self._failure: BaseException | None = None
 
     # ------------------------------------------------------------------ tracking
-    def track(self, record: ConsumerRecord[bytes, bytes]) -> Slot[Outputs]:
+    def track(self, record: ConsumerRecord[bytes, bytes], tracer: SlotTracer | None = None) -> Slot[Outputs]:
+        """The record's slot in its partition's line (with its trace when ``tracer`` is given)."""
         size = len(record.key or b"") + len(record.value or b"")
-        return self._offsets.add(TopicPartition(record.topic, record.partition), record.offset, size)
+        slot = self._offsets.add(TopicPartition(record.topic, record.partition), record.offset, size)
+        if tracer is not None:
+            slot.trace = tracer.consumed(record)
+        return slot
 
     def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs) -> None:
         """Give a slot its outputs (possibly none); they are produced once everything before is."""
         if slot.output is not None or slot in self._claiming:
             return  # first answer wins (e.g. a deadline fired while the batch returned)
         outputs = (output,) if isinstance(output, OutRecord) else tuple(output)
+        if slot.trace is not None:
+            outputs = slot.trace.completed(outputs)  # results carry the record span's traceparent
         if self._oversize is not None and any(self._oversize.too_large(out) for out in outputs):
             # Off the loop and off the line: only this partition waits for the S3 store.
             self._claiming[slot] = asyncio.create_task(self._claim_check(slot, outputs))
@@ -230,6 +242,8 @@ class Outbox:
 
     def _acknowledge(self, slot: Slot[Outputs]) -> None:
         self._offsets.acknowledge(slot)
+        if slot.trace is not None:
+            slot.trace.acknowledged()
         if self._on_ack is not None and slot.output:
             for out in slot.output:
                 self._on_ack(out)

@@ -25,6 +25,7 @@ from pipeline.kafka.clients import ensure_topics, make_producer
 from pipeline.kafka.copartition import check_copartitioned
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.snapshot import publish_snapshots
+from pipeline.observability.tracing import start_tracing
 from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT, HealthServer
 from pipeline.runtime.lag import refresh_lag
 from pipeline.runtime.stages import build_stages, record_limits
@@ -94,6 +95,28 @@ async def run_topology(
     )
     if created:
         log.info("created topics: %s", ", ".join(created))
+    tracing = start_tracing(f"pipeline.{topology.name}")  # OTEL_* variables; off unless asked for
+    try:
+        await _serve(
+            topology, endpoints, metrics, stop, only_stages=only_stages,
+            http_port=health_port(topology, http_port), http_host=http_host, on_ready=on_ready,
+        )
+    finally:
+        tracing.shutdown(_CLOSE_S)  # the last spans (the drain's) leave before the exit
+
+
+async def _serve(
+    topology: Topology,
+    endpoints: Endpoints,
+    metrics: PipelineMetrics,
+    stop: asyncio.Event,
+    *,
+    only_stages: Sequence[str],
+    http_port: int,
+    http_host: str,
+    on_ready: Callable[[RunningProcess], None] | None,
+) -> None:
+    """Build and run the stages, health server and snapshots until ``stop`` or a failure."""
     stages = build_stages(topology, endpoints, metrics, only_stages)
     await check_copartitioned(endpoints.kafka, [s.copartitioned_topics() for s in stages])
     state = RunningProcess(stages=stages, watchdog=Watchdog(stages, metrics))
@@ -104,7 +127,7 @@ async def run_topology(
         metrics,
         state.not_ready,
         host=http_host,
-        port=health_port(topology, http_port),
+        port=http_port,
         not_live=liveness.problems,
         before_scrape=watchdog.check,
     )

@@ -24,6 +24,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_aio
 
 from pipeline.errors import ConfigError
+from pipeline.observability.tracing import CallSpan
 from pipeline.settings import TritonSettings
 
 # gRPC reconnects with exponential backoff up to two minutes; keep retries
@@ -114,3 +115,21 @@ def aio_client(settings: TritonSettings) -> triton_aio.InferenceServerClient:
     target, creds = _connection(settings)
     args = channel_args(settings)
     return triton_aio.InferenceServerClient(target, creds=creds, channel_args=args)
+
+
+def triton_call_span(settings: TritonSettings, model: str, model_version: str = "") -> CallSpan:
+    """How a ``ModelInfer`` call is traced: a CLIENT span with the RPC semantic-convention
+    attributes (``rpc.*``, ``server.*``) and the model."""
+    target, _ = grpc_target(settings.grpc_url or "")
+    host, _, port = target.rpartition(":")
+    attributes: dict[str, str | int] = {
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "server.address": host or target,
+        "triton.model.name": model,
+        "triton.model.version": model_version,
+    }
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return CallSpan("inference.GRPCInferenceService/ModelInfer", remote=True, attributes=attributes)

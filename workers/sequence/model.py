@@ -21,15 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
+from opentelemetry.trace import Span
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from pipeline.contract.errors import ErrorClass
 from pipeline.errors import ConfigError
 from pipeline.failure_policy import Failure, FailureKind, RetryPolicy, call_with_retry
+from pipeline.observability.tracing import call_span, grpc_metadata
 from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
-from pipeline.triton.client import aio_client
+from pipeline.triton.client import aio_client, triton_call_span
 from pipeline.triton.failures import TritonFailureClassifier
 from workers.sequence.state import StreamState
 
@@ -78,6 +80,7 @@ class SequenceModel:
         self._client: triton_aio.InferenceServerClient | None = None
         self._classifier: TritonFailureClassifier | None = None
         self._slots = asyncio.Semaphore(max_inflight)
+        self._call_span = triton_call_span(settings, model, model_version)
 
     async def _classify(self, exc: BaseException) -> Failure:
         if _forgot_sequence(exc):
@@ -135,10 +138,12 @@ class SequenceModel:
         resuming: bool,
         end: bool,
         on_retry: Callable[[Failure], None] | None = None,
+        traced: Span | None = None,
     ) -> dict[str, np.ndarray]:
         """One frame. ``resume_state`` (state output name -> array) is sent as the model's
         state inputs when Triton does not hold the stream and ``resuming`` is true
-        (the stream has frames before this one). Raises :class:`GaveUp`."""
+        (the stream has frames before this one). With tracing on, each call is a span,
+        child of ``traced`` (the chunk's span). Raises :class:`GaveUp`."""
         assert self._client is not None and self._classifier is not None and self.description is not None
         client, outputs = self._client, [InferRequestedOutput(o.name) for o in self.description.outputs]
 
@@ -150,18 +155,21 @@ class SequenceModel:
             if start and resuming:
                 for state_input, state_output in self.state_map.items():
                     inputs.append(_tensor(state_input, resume_state[state_output]))
+            sid = sequence_id(stream.key)
             try:
                 async with self._slots:
-                    response = await client.infer(
-                        self.model,
-                        inputs,
-                        model_version=self.model_version,
-                        outputs=outputs,
-                        sequence_id=sequence_id(stream.key),
-                        sequence_start=start,
-                        sequence_end=end,
-                        client_timeout=self.call_timeout_s,
-                    )
+                    with call_span(self._call_span, traced, attributes={"triton.sequence_id": sid}):
+                        response = await client.infer(
+                            self.model,
+                            inputs,
+                            model_version=self.model_version,
+                            outputs=outputs,
+                            sequence_id=sid,
+                            sequence_start=start,
+                            sequence_end=end,
+                            client_timeout=self.call_timeout_s,
+                            headers=grpc_metadata(),
+                        )
             except BaseException:
                 stream.live_in_triton = False  # whatever happened, resume with explicit state
                 raise
@@ -182,6 +190,7 @@ class SequenceModel:
         *,
         ending: bool,
         on_retry: Callable[[Failure], None] | None = None,
+        traced: Span | None = None,
     ) -> list[dict[str, np.ndarray]]:
         """A chunk's frames in order; ``work`` (the stream's state being built) gets each
         frame's state outputs and its frame count. Raises :class:`GaveUp` on the first
@@ -195,6 +204,7 @@ class SequenceModel:
                 resuming=work.frames_done > 0,
                 end=ending and i == len(frames) - 1,
                 on_retry=on_retry,
+                traced=traced,
             )
             for state_output in self.state_map.values():
                 work.model_state[state_output] = np.asarray(output[state_output], dtype=np.float32)

@@ -34,6 +34,7 @@ from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.record_trace import record_span
 from pipeline.settings import KafkaSettings, TritonSettings
 from workers.base import StageIO
 from workers.event_time import EventTimeClock
@@ -198,7 +199,9 @@ class SequenceStage(StatefulStage):
             frames.append(np.pad(work.carry, (0, self.model.frame_size - work.carry.size)))  # last, zero-padded
             work.carry = np.zeros(0, np.float32)
         try:
-            outputs = await self.model.infer_frames(stream.handle, work, frames, ending=ending, on_retry=self.outcomes.retried)
+            outputs = await self.model.infer_frames(
+                stream.handle, work, frames, ending=ending, on_retry=self.outcomes.retried, traced=record_span(chunk.slot)
+            )
         except GaveUp as gave_up:
             state.remember(chunk.index, chunk.payload)
             state.next_index += 1  # the stream goes on without this chunk; it is dead-lettered

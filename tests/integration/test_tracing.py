@@ -1,0 +1,116 @@
+"""OpenTelemetry tracing end to end: the ensemble topology exporting over OTLP/gRPC to a real endpoint.
+
+Each request is produced with its own ``traceparent``; every span of its journey
+(normalise, both branches, the join, Triton calls and produces) must land in that one trace, with the right parents, and the result
+must carry the join span's context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+import pytest
+
+from pipeline.contract.records import Record
+from pipeline.contract.request import encode_request
+from tests.helpers.dense_reference import random_features
+from tests.helpers.kafka_io import header, produce
+from tests.helpers.otlp_receiver import ReceivedSpan, otlp_receiver
+from tests.helpers.topology_process import collect_outputs, pipeline_process, write_ensemble_topology
+
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+
+STAGES = ("normalise", "classify", "score")
+JOIN = "join-result"
+N = 4
+
+
+def _requests() -> list[tuple[Record, str, str]]:
+    """(record, trace id, the caller's span id) per request."""
+    raw = random_features(N, 5)
+    out = []
+    for i in range(N):
+        trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+        record = encode_request(
+            {"raw": raw[i : i + 1]}, correlation_id=f"tr-{i}", traceparent=f"00-{trace_id}-{parent}-01"
+        )
+        out.append((record, trace_id, parent))
+    return out
+
+
+def _complete(spans: list[ReceivedSpan], trace_ids: set[str]) -> bool:
+    """Every request's trace has its five record spans and the join's produce to the result."""
+    for trace_id in trace_ids:
+        mine = [s for s in spans if s.trace_id == trace_id]
+        if sum(s.kind == "consumer" for s in mine) < 5 or sum(s.kind == "producer" for s in mine) < 5:
+            return False
+    return True
+
+
+def _check_trace(spans: list[ReceivedSpan], trace_id: str, caller: str, result_traceparent: str, topology: str) -> None:
+    mine = [s for s in spans if s.trace_id == trace_id]
+    by_id = {s.span_id: s for s in mine}
+    records = {}
+    joins = []
+    for span in mine:
+        if span.kind == "consumer":
+            assert span.attributes["messaging.system"] == "kafka"
+            assert span.service == f"pipeline.{topology}"
+            stage = span.attributes["pipeline.stage"]
+            if stage == JOIN:
+                joins.append(span)
+            else:
+                assert stage not in records, f"two {stage} spans in one trace"
+                records[stage] = span
+    assert set(records) == set(STAGES) and len(joins) == 2, sorted(s.name for s in mine)
+    # The request's span -> normalise -> both branches -> one join span per branch.
+    assert records["normalise"].parent_id == caller
+    assert records["classify"].parent_id == records["normalise"].span_id
+    assert records["score"].parent_id == records["normalise"].span_id
+    assert {j.parent_id for j in joins} == {records["classify"].span_id, records["score"].span_id}
+    # Per stateless stage: the wait in the batch is an event, the produce a child; the
+    # Triton call (kind CLIENT, RPC attributes) is linked to the record span.
+    for stage, record in records.items():
+        assert "batch sent" in record.events, stage
+        children = [s for s in mine if s.parent_id == record.span_id]
+        assert any(s.kind == "producer" for s in children), stage
+        calls = [s for s in spans if s.kind == "client" and (trace_id, record.span_id) in s.links]
+        assert calls, f"{stage}: no Triton call span linked to its record span"
+        assert all(c.attributes["rpc.system"] == "grpc" and c.attributes["rpc.method"] == "ModelInfer" for c in calls)
+        assert all(c.attributes["pipeline.batch.rows"] >= 1 for c in calls)  # type: ignore[operator]
+    # The result carries the span of the join record that completed the join, which links
+    # the other branch's span; its produce to the result topic is that span's child.
+    _, result_trace, result_span, _ = result_traceparent.split("-")
+    assert result_trace == trace_id
+    completing = by_id[result_span]
+    assert completing in joins
+    other = ({records["classify"].span_id, records["score"].span_id} - {completing.parent_id}).pop()
+    assert (trace_id, other) in completing.links
+    assert any(s.kind == "producer" and s.parent_id == completing.span_id for s in mine)
+    # Nothing of this request's journey fell out of its trace.
+    cid = next(iter(records.values())).attributes["messaging.message.conversation_id"]
+    assert all(s.trace_id == trace_id for s in spans if s.attributes.get("messaging.message.conversation_id") == cid)
+
+
+def test_one_request_is_one_trace_through_every_stage_and_the_join(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    topo = write_ensemble_topology(tmp_path)
+    requests = _requests()
+    with otlp_receiver() as receiver:
+        env = dict(cli_env, **receiver.environment())
+        env.pop("OTEL_SERVICE_NAME", None)
+        with pipeline_process(topo, env, tmp_path) as worker:
+            asyncio.run(produce(kafka_bootstrap, topo.input_topic, [r for r, _, _ in requests]))
+            out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= N, timeout=120)
+            spans = receiver.wait_for(lambda s: _complete(s, {t for _, t, _ in requests}), timeout=60)
+            assert worker.terminate() == 0
+    assert out.on(topo.dead_letter_topic) == []
+    results = {header(r, "correlation-id"): header(r, "traceparent") for r in out.on(topo.result_topic)}
+    assert len(results) == N
+    for i, (_, trace_id, caller) in enumerate(requests):
+        traceparent = results[f"tr-{i}"]
+        assert traceparent is not None
+        _check_trace(spans, trace_id, caller, traceparent, topo.name)
