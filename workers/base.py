@@ -38,7 +38,7 @@ from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
 from pipeline.settings import KafkaSettings
-from workers.dead_letters import dead_letter_record
+from workers.dead_letters import dead_letter_of
 from workers.fencing import StageFence
 from workers.flow_control import FlowControl
 from workers.lag import ConsumerLag
@@ -184,16 +184,7 @@ class StreamStage(abc.ABC):
         self, record: ConsumedRecord, slot: Slot[Outputs], error_class: ErrorClass | str, reason: str
     ) -> None:
         """Send the record, byte for byte, to the dead-letter topic with the reason."""
-        out = dead_letter_record(
-            stage=self.io.stage,
-            topic=self.io.dead_letter_topic,
-            key=record.key,
-            value=record.value,
-            headers=record.headers or (),
-            error_class=error_class,
-            reason=reason,
-            request_timestamp_ms=record.timestamp,
-        )
+        out = dead_letter_of(record, stage=self.io.stage, topic=self.io.dead_letter_topic, error_class=error_class, reason=reason)
         self.outbox.complete(slot, out)
         log.info("%s: dead letter %s@%d: %s: %s", self.io.stage, record.topic, record.offset, out.error_class, reason)
 

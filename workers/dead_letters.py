@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pipeline.contract.errors import ErrorClass, one_line
 from pipeline.contract.records import dead_letter_headers
 from pipeline.kafka.outbox import OutRecord
+from pipeline.kafka.records import ConsumedRecord
 from pipeline.state import RestoreReport
 
 
@@ -38,6 +39,16 @@ def dead_letter_record(
         dead_letter=True,
         error_class=error.value,
         request_timestamp_ms=request_timestamp_ms,
+    )
+
+
+def dead_letter_of(
+    record: ConsumedRecord, *, stage: str, topic: str, error_class: ErrorClass | str, reason: str
+) -> OutRecord:
+    """A consumed record, byte for byte, as a dead letter (keeping the request's timestamp)."""
+    return dead_letter_record(
+        stage=stage, topic=topic, key=record.key, value=record.value, headers=record.headers or (),
+        error_class=error_class, reason=reason, request_timestamp_ms=record.timestamp,
     )
 
 

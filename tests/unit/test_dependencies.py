@@ -28,6 +28,11 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 REPO = Path(__file__).resolve().parents[2]
 OURS = ("pipeline", "workers", "tests", "benchmarks")
 RUNTIME_EXTRAS = ("embedded",)
+LOADED_BY_ENTRY_POINT = {
+    "opentelemetry-exporter-otlp-proto-grpc": "opentelemetry_traces_exporter",
+}
+"""Runtime dependencies nothing imports by name: pipeline/observability/tracing.py loads them
+from this entry-point group, as OpenTelemetry's own auto-configuration does."""
 TEST_ONLY_MODULES = {"pipeline/audio/reference.py": "the tests' and benchmarks' numpy/scipy reference of DALI"}
 """Modules of the package that nothing in ``pipeline/`` or ``workers/`` imports (checked below)."""
 
@@ -128,6 +133,10 @@ def test_every_runtime_import_is_a_declared_dependency() -> None:
 
 def test_every_declared_runtime_dependency_is_imported() -> None:
     imported = set().union(*(distributions_of(name) for name in _runtime_imports()))
+    for distribution, group in LOADED_BY_ENTRY_POINT.items():
+        names = [e.name for e in metadata.distribution(distribution).entry_points if e.group == group]
+        assert names, f"{distribution} offers no {group} entry point"
+        imported.add(distribution)
     unused = sorted(_core() - imported)
     assert unused == [], f"declared in [project] dependencies, imported nowhere in pipeline/ or workers/: {unused}"
 
