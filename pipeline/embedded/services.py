@@ -16,6 +16,7 @@ import shutil
 import ssl
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +195,7 @@ def triton_process(
     backends_dir: Path,
     s3_env: dict[str, str],
     tls: TlsFiles | None = None,
+    extra_args: Sequence[str] = (),
 ) -> SupervisedProcess:
     """Triton serving ``model_repository`` (an ``s3://`` URL) with explicit model control.
 
@@ -229,6 +231,7 @@ def triton_process(
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
             *(tls.triton_args() if tls else []),
+            *extra_args,
         ],
         log_dir=log_dir,
         env=env,

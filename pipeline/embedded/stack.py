@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, cast
@@ -56,7 +56,8 @@ class EmbeddedStack:
     ``services`` selects a subset (e.g. only ``("kafka",)`` for a broker test);
     Triton needs S3 and is started after the models are pushed to it; pass
     ``s3=`` to run the embedded Triton against an external store instead.
-    ``triton_tls`` serves Triton's gRPC port over TLS (a ``grpcs://`` URL).
+    ``triton_tls`` serves Triton's gRPC port over TLS (a ``grpcs://`` URL);
+    ``triton_args`` are more ``tritonserver`` flags (e.g. ``--trace-config ...``).
 
     ``broker_storage``: where the broker keeps its log. ``"memory"`` (the default) keeps
     it in the broker process: a restart starts empty. ``"s3"`` puts it in ``broker_bucket``
@@ -77,6 +78,7 @@ class EmbeddedStack:
         services: tuple[str, ...] = ("kafka", "s3", "triton"),
         s3: S3Settings | None = None,
         triton_tls: TlsFiles | None = None,
+        triton_args: Sequence[str] = (),
         broker_storage: BrokerStorage | None = None,
         broker_bucket: str | None = None,
     ) -> None:
@@ -87,6 +89,7 @@ class EmbeddedStack:
             raise ValueError("the embedded Triton needs an S3 model store: embedded or `s3=`")
         self.services = services
         self.triton_tls = triton_tls
+        self.triton_args = list(triton_args)
         self.model_repository = model_repository or default_model_repository()
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="pipeline-stack-"))
         self.endpoints = Endpoints(
@@ -161,6 +164,7 @@ class EmbeddedStack:
                 state_dir() / "triton-backends",
                 s3_environment(s3),
                 self.triton_tls,
+                self.triton_args,
             )
         )
         # This server's own TLS settings, whatever PIPELINE_TRITON_SSL_* says.

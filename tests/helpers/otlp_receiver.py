@@ -1,18 +1,23 @@
-"""A real OTLP/gRPC trace endpoint for tests and benchmarks: stores what it receives.
+"""Real OTLP trace endpoints for tests and benchmarks: they store what they receive.
 
-No collector binary installs here, so this is a ``grpc.server`` implementing the
-OTLP ``TraceService`` from ``opentelemetry-proto``: the exporter under test speaks
-the real protocol to it, and the test reads the spans back.
+No collector binary installs here, so :func:`otlp_receiver` is a ``grpc.server``
+implementing the OTLP ``TraceService`` from ``opentelemetry-proto`` (what our
+exporter speaks), and :func:`otlp_http_receiver` takes OTLP/HTTP ``POST /v1/traces``
+in protobuf or JSON (what Triton's C++ exporter sends: JSON, ids in hex). The test
+reads the spans back.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -59,6 +64,39 @@ class ReceivedSpan:
         )
 
 
+def _received(request: trace_service_pb2.ExportTraceServiceRequest) -> list[ReceivedSpan]:
+    received = []
+    for resource_spans in request.resource_spans:
+        service = next((a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "")
+        for scope_spans in resource_spans.scope_spans:
+            received += [ReceivedSpan.of(span, service) for span in scope_spans.spans]
+    return received
+
+
+def _received_json(body: dict[str, Any]) -> list[ReceivedSpan]:
+    """OTLP/JSON: the protobuf's JSON form, except that ids are hex, not base64."""
+    received = []
+    for resource_spans in body.get("resourceSpans", []):
+        attributes = resource_spans.get("resource", {}).get("attributes", [])
+        service = next((a["value"].get("stringValue", "") for a in attributes if a["key"] == "service.name"), "")
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for span in scope_spans.get("spans", []):
+                received.append(
+                    ReceivedSpan(
+                        name=span["name"],
+                        kind=_KINDS.get(int(span.get("kind", 0)), "unspecified"),
+                        trace_id=span["traceId"].lower(),
+                        span_id=span["spanId"].lower(),
+                        parent_id=span.get("parentSpanId", "").lower(),
+                        links=tuple((link["traceId"].lower(), link["spanId"].lower()) for link in span.get("links", [])),
+                        attributes={a["key"]: next(iter(a["value"].values()), None) for a in span.get("attributes", [])},
+                        service=service,
+                        events=tuple(event["name"] for event in span.get("events", [])),
+                    )
+                )
+    return received
+
+
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, sink: OtlpReceiver) -> None:
         self.sink = sink
@@ -66,14 +104,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        received = []
-        for resource_spans in request.resource_spans:
-            service = next(
-                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), ""
-            )
-            for scope_spans in resource_spans.scope_spans:
-                received += [ReceivedSpan.of(span, service) for span in scope_spans.spans]
-        self.sink.add(received)
+        self.sink.add(_received(request))
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -143,3 +174,32 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         yield receiver
     finally:
         server.stop(grace=1).wait()
+
+
+@contextmanager
+def otlp_http_receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP trace endpoint (``{endpoint}/v1/traces``) on a free loopback port."""
+    receiver = OtlpReceiver(free_port())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if "json" in self.headers.get("Content-Type", ""):
+                receiver.add(_received_json(json.loads(body)))
+            else:
+                receiver.add(_received(trace_service_pb2.ExportTraceServiceRequest.FromString(body)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: a test's output is its assertions."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", int(receiver.endpoint.rsplit(":", 1)[1])), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()

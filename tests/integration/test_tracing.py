@@ -3,24 +3,40 @@
 Each request is produced with its own ``traceparent``; every span of its journey
 (normalise, both branches, the join, Triton calls and produces) must land in that one trace, with the right parents, and the result
 must carry the join span's context.
+
+And Triton itself: a tritonserver of this module's own, started with its OpenTelemetry
+tracing on (``--trace-config mode=opentelemetry``, exporting OTLP/HTTP to a second real
+endpoint), must continue the context our Triton call span sends in the gRPC metadata:
+its ``InferRequest`` spans are children of our call spans, in the same traces.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.contract.records import Record
 from pipeline.contract.request import encode_request
+from pipeline.embedded.stack import EmbeddedStack
+from pipeline.settings import S3Settings
 from tests.helpers.dense_reference import random_features
 from tests.helpers.kafka_io import header, produce
-from tests.helpers.otlp_receiver import ReceivedSpan, otlp_receiver
-from tests.helpers.topology_process import collect_outputs, pipeline_process, write_ensemble_topology
+from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_http_receiver, otlp_receiver
+from tests.helpers.topology_process import (
+    collect_outputs,
+    pipeline_process,
+    write_ensemble_topology,
+    write_topology,
+)
 
-pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.s3, pytest.mark.slow]
+
+DENSE_TOPOLOGY = Path(__file__).resolve().parents[2] / "topologies" / "dense.yaml"
 
 STAGES = ("normalise", "classify", "score")
 JOIN = "join-result"
@@ -114,3 +130,64 @@ def test_one_request_is_one_trace_through_every_stage_and_the_join(
         traceparent = results[f"tr-{i}"]
         assert traceparent is not None
         _check_trace(spans, trace_id, caller, traceparent, topo.name)
+
+
+@pytest.fixture(scope="module")
+def traced_triton(s3_settings: S3Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, OtlpReceiver]]:
+    """A Triton of this module's own tracing every request over OpenTelemetry; its gRPC URL and
+    the OTLP/HTTP endpoint receiving its spans."""
+    with otlp_http_receiver() as received:
+        args = [
+            "--trace-config=mode=opentelemetry",
+            f"--trace-config=opentelemetry,url={received.endpoint}/v1/traces",
+            "--trace-config=opentelemetry,bsp_schedule_delay=200",
+            "--trace-config=rate=1",
+            "--trace-config=level=TIMESTAMPS",
+        ]
+        stack = EmbeddedStack(
+            services=("triton",), s3=s3_settings, log_dir=tmp_path_factory.mktemp("traced-triton"), triton_args=args
+        )
+        stack.start()
+        try:
+            assert stack.endpoints.triton.grpc_url
+            yield stack.endpoints.triton.grpc_url, received
+        finally:
+            stack.stop()
+
+
+def test_triton_continues_the_trace_of_each_call(
+    kafka_bootstrap: str, cli_env: dict[str, str], traced_triton: tuple[str, OtlpReceiver], tmp_path: Path
+) -> None:
+    triton_url, from_triton = traced_triton
+    dense = yaml.safe_load(DENSE_TOPOLOGY.read_text())
+    topo = write_topology(tmp_path, partitions=dense["kafka"]["partitions"], stages=dense["stages"])
+    features = random_features(N, 7)
+    records = [
+        encode_request(
+            {"features": features[i : i + 1]},
+            correlation_id=f"tt-{i}",
+            traceparent=f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01",
+        )
+        for i in range(N)
+    ]
+    with otlp_receiver() as ours:
+        env = dict(cli_env, **ours.environment(), PIPELINE_TRITON_GRPC_URL=triton_url)
+        with pipeline_process(topo, env, tmp_path) as worker:
+            asyncio.run(produce(kafka_bootstrap, topo.input_topic, records))
+            out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= N, timeout=120)
+            assert worker.terminate() == 0, worker.log()
+        calls = [s for s in ours.spans if s.kind == "client"]
+    assert len(out.on(topo.result_topic)) == N and out.on(topo.dead_letter_topic) == []
+    assert calls, "no Triton call span exported"
+
+    def continued(spans: list[ReceivedSpan]) -> bool:
+        parents = {(s.trace_id, s.parent_id) for s in spans if s.name == "InferRequest"}
+        return all((c.trace_id, c.span_id) in parents for c in calls)
+
+    spans = from_triton.wait_for(continued, timeout=60)
+    # Every InferRequest Triton traced is the child of one of our call spans: the whole
+    # journey, Triton's queue and compute included, is one trace per request.
+    ours_by_id = {(c.trace_id, c.span_id) for c in calls}
+    infers = [s for s in spans if s.name == "InferRequest"]
+    assert {(s.trace_id, s.parent_id) for s in infers} <= ours_by_id, infers
+    assert any(s.name == "compute" for s in spans), sorted({s.name for s in spans})
