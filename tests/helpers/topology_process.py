@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 from aiokafka.structs import ConsumerRecord
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.embedded.process import free_port
 from tests.helpers.kafka_io import Collected, collect
@@ -137,14 +138,17 @@ class PipelineProcess:
         except OSError:
             return 0, ""
 
-    def metric(self, name: str, port: int | None = None) -> float:
-        """Sum of every sample of ``name`` in /metrics (0 when absent)."""
+    def metric(self, name: str, port: int | None = None, **labels: str) -> float:
+        """Sum of the samples of ``name`` in /metrics that carry ``labels`` (0 when absent).
+        Parsed with prometheus_client's own parser: series carry more labels than a test
+        names (``topology`` on every one), in any order."""
         _, text = self.get("/metrics", port)
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith((name + "{", name + " ")):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]

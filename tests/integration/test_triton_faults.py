@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.contract.records import Record
 from pipeline.settings import S3Settings
@@ -151,17 +150,6 @@ def campaign(
     return Campaign(workloads, references, module_triton, kafka_bootstrap, tmp_path)
 
 
-def _stage_metric(worker: PipelineProcess, name: str, stage: str) -> float:
-    """One stage's sample of counter ``name`` (``_total`` included) from /metrics."""
-    _, text = worker.get("/metrics")
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and sample.labels.get("stage") == stage
-    )
-
-
 # ------------------------------------------------------------------ (a) frozen
 
 
@@ -196,10 +184,10 @@ def test_one_model_unloaded_while_triton_lives_is_waited_out(kind: str, model: s
     others = [s for s in ("normalise", "classify") if kind == "ensemble"]
     with campaign.triton.admin() as admin:
         admin.unload(model)
-        before = {s: _stage_metric(run.worker, "pipeline_results_total", s) for s in others}
+        before = {s: run.worker.metric("pipeline_results_total", stage=s) for s in others}
         time.sleep(UNLOAD_S)
         dead_while_unloaded = run.worker.metric("pipeline_dead_letters_total")
-        served = {s: _stage_metric(run.worker, "pipeline_results_total", s) - before[s] for s in others}
+        served = {s: run.worker.metric("pipeline_results_total", stage=s) - before[s] for s in others}
         retries = run.worker.metric("pipeline_triton_retries_total")
         admin.load(model)
     fault_end_ms = _now_ms()

@@ -104,12 +104,6 @@ def _assigned(worker: PipelineProcess, stage: str) -> set[int]:
     return {int(p) for p in re.findall(r"partition=(\d+)", lines[-1])} if lines else set()
 
 
-def _stage_metric(worker: PipelineProcess, name: str, stage: str) -> float:
-    """One stage's sample of ``name`` in the worker's /metrics (0 when absent)."""
-    prefix = f'{name}{{stage="{stage}"}} '
-    return sum(float(line[len(prefix):]) for line in worker.get("/metrics")[1].splitlines() if line.startswith(prefix))
-
-
 def _wait(condition: Any, timeout: float, what: str, *workers: PipelineProcess) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -169,7 +163,7 @@ def test_a_frozen_worker_whose_partitions_moved_changes_no_output_when_it_runs_a
 
         # Freeze A mid-stream, at a moment it holds unfinished records.
         _wait(lambda: zombie.metric("pipeline_results_total") >= 50, 60, "A answering", zombie)
-        busy = [lambda s=s: _stage_metric(zombie, "pipeline_pending_requests", s) > 0 for s in STAGES[kind]]
+        busy = [lambda s=s: zombie.metric("pipeline_pending_requests", stage=s) > 0 for s in STAGES[kind]]
         _wait(lambda: all(each() for each in busy), 30, "A busy in every stage", zombie)
         held_by_zombie = _assigned(zombie, stage)
         stopped_ms = int(time.time() * 1000)
