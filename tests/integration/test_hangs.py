@@ -58,6 +58,25 @@ def hung(triton: OwnTriton) -> Iterator[None]:
         os.killpg(pid, signal.SIGCONT)
 
 
+def _ready_again(worker: tp.PipelineProcess, triton: OwnTriton, timeout: float) -> float:
+    """Seconds until ``/readyz`` answers 200 after the hang.
+
+    Triton 2.51's Python backend sometimes does not survive a long freeze of its process
+    group: a segmentation fault in ``libtriton_python.so`` (then ``boost::interprocess::
+    lock_exception``) as it resumes, seen in 2 of about 8 runs of the sequence test. For the
+    worker that is only a longer outage, so the test starts Triton again on the same ports,
+    as an operator's supervisor would, and the worker must still lose nothing."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if _readyz(worker)[0] == 200:
+            return time.monotonic() - started
+        if not triton.process.running():
+            print(f"\nTriton died after the hang (log: {triton.process.log_path}); started again")
+            triton.heal()
+        time.sleep(0.1)
+    raise AssertionError(f"/readyz not 200 after {timeout}s:\n{worker.log()}")
+
+
 def _requests(n: int, seed: int, prefix: str) -> tuple[list[Record], np.ndarray]:
     features = random_features(n, seed)
     records = [encode_request({"features": features[i : i + 1]}, correlation_id=f"{prefix}-{i}") for i in range(n)]
@@ -128,7 +147,7 @@ def test_hung_triton_turns_readiness_off_and_back_on_and_loses_nothing(
             assert worker.get("/livez")[0] == 200, "a hung Triton is no reason to restart the worker"
             age = worker.metric("pipeline_oldest_unfinished_record_age_seconds")
             time.sleep(max(0.0, hang_s - to_not_ready))
-        to_ready, _ = _wait_status(worker, 200, timeout=60)
+        to_ready = _ready_again(worker, own_triton, timeout=90)
         producer.join(timeout=60)
         out = tp.collect_outputs(kafka_bootstrap, topo, tp.distinct_keys(n), timeout=120)
         retries = worker.metric("pipeline_triton_retries_total")
@@ -197,7 +216,7 @@ def test_hung_triton_under_a_sequence_stage_is_an_outage_not_a_loss(
             assert "stage vad" in body, body
             assert worker.get("/livez")[0] == 200
             time.sleep(max(0.0, 8.0 - to_not_ready))
-        to_ready, _ = _wait_status(worker, 200, timeout=60)
+        to_ready = _ready_again(worker, own_triton, timeout=90)
         producer.join(timeout=120)
         out: Collected = tp.collect_outputs(kafka_bootstrap, topo, _summaries(set(streams)), timeout=180)
         assert worker.terminate() == 0, worker.log()
