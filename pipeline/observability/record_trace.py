@@ -21,6 +21,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as msg
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.util.types import AttributeValue
 
 from pipeline.contract import headers as h
 from pipeline.kafka.ordering import Slot
@@ -63,6 +64,16 @@ def inject(headers: h.HeaderPairs | None, span: trace.Span) -> h.Headers:
     return h.replace_headers(headers, carrier.items())
 
 
+def _messaging(operation: str, topic: str) -> dict[str, AttributeValue]:
+    """The messaging attributes every Kafka span of ours has (OpenTelemetry's semantic conventions)."""
+    return {
+        msg.MESSAGING_SYSTEM: "kafka",
+        msg.MESSAGING_OPERATION_NAME: operation,
+        msg.MESSAGING_OPERATION_TYPE: operation,
+        msg.MESSAGING_DESTINATION_NAME: topic,
+    }
+
+
 class RecordTracer:
     """Starts the record traces of one stage."""
 
@@ -79,10 +90,7 @@ class RecordTracer:
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes={
-                msg.MESSAGING_SYSTEM: "kafka",
-                msg.MESSAGING_OPERATION_NAME: "process",
-                msg.MESSAGING_OPERATION_TYPE: "process",
-                msg.MESSAGING_DESTINATION_NAME: record.topic,
+                **_messaging("process", record.topic),
                 msg.MESSAGING_DESTINATION_PARTITION_ID: str(record.partition),
                 msg.MESSAGING_KAFKA_OFFSET: record.offset,
                 msg.MESSAGING_CONSUMER_GROUP_NAME: self.group,
@@ -154,10 +162,7 @@ class RecordTrace:
                 context=trace.set_span_in_context(self.span),
                 kind=SpanKind.PRODUCER,
                 attributes={
-                    msg.MESSAGING_SYSTEM: "kafka",
-                    msg.MESSAGING_OPERATION_NAME: "send",
-                    msg.MESSAGING_OPERATION_TYPE: "send",
-                    msg.MESSAGING_DESTINATION_NAME: first.topic,
+                    **_messaging("send", first.topic),
                     msg.MESSAGING_BATCH_MESSAGE_COUNT: len(outputs),
                     "pipeline.dead_letter": dead is not None,
                 },
