@@ -158,6 +158,9 @@ class StreamStage(abc.ABC):
         """How long the consume loop may wait for records before :meth:`tick` is due."""
         return 0.05
 
+    def passing(self, record: ConsumedRecord) -> None:
+        """Every record read from an input, before its outcome (unreadable ones too)."""
+
     async def release(self, partitions: list[TopicPartition] | None = None) -> None:
         """Finish (or abandon) all work on these partitions (all when None), within
         ``io.drain_timeout_s``: shutdown or rebalance. Abandoned records are replayed."""
@@ -299,6 +302,7 @@ class StreamStage(abc.ABC):
                         break  # revoked while we were handling this batch (even if assigned again)
                     slot = self.outbox.track(record, self._traces)
                     self.outcomes.consumed()
+                    self.passing(record)
                     if isinstance(record, UnreadableRecord):
                         self.metrics.unreadable_records.labels(stage, record.cause).inc()
                         self.dead_letter(record, slot, ErrorClass.UNREADABLE_RECORD, record.reason)

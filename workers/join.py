@@ -179,7 +179,7 @@ class JoinStage(StatefulStage):
         if not key:
             self.dead_letter(record, slot, ErrorClass.MISSING_CORRELATION_ID, "a join needs the correlation ID as key")
             return
-        stamp = self.clock.observe(record)
+        stamp = self.clock.timestamp(record)  # observed already (passing)
         state = self.states.get(key)
         if state is None:
             await self.produce_all_unowned([out for e in self.states.make_room(key) for out in self._evict(e)])

@@ -13,15 +13,24 @@ from typing import Any, TypeVar
 
 from aiokafka.structs import TopicPartition
 
+from pipeline.kafka.records import ConsumedRecord
 from pipeline.state import KeyedStateStore, RestoreReport, StateCodec, StateLimits
 from workers.base import StreamStage
 from workers.dead_letters import corrupt_state_records
+from workers.event_time import EventTimeClock
 
 S = TypeVar("S")
 
 
 class StatefulStage(StreamStage, abc.ABC):
     states: KeyedStateStore[Any]
+    clock: EventTimeClock  # windows and idle timeouts run in event time
+
+    def passing(self, record: ConsumedRecord) -> None:
+        # Every record moves its partition's event time and read position, also one
+        # dead-lettered before it is handled (unreadable, keyless): were it the last of
+        # its partition, the partition would look behind forever, and no window close.
+        self.clock.observe(record)
 
     def keyed_state(
         self, topic: str, codec: StateCodec[S], *, ttl_s: float, max_keys: int | None

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from pipeline.contract.records import Record, read_dead_letter
 from pipeline.contract.request import encode_request
@@ -145,3 +146,39 @@ def test_join_state_survives_kill_9_of_the_joining_worker(
     assert dead == [], [read_dead_letter(d.headers).reason for d in dead[:3]]
     seen = _check_full(out.on(topo.result_topic), raw)
     assert set(seen) == {f"kill-{i}" for i in range(n)}
+
+
+async def _send_to(bootstrap: str, sends: list[tuple[str, int, bytes | None, bytes]]) -> None:
+    """(topic, partition, key, value) in this order, each acknowledged before the next."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for topic, partition, key, value in sends:
+            await producer.send_and_wait(topic, value, key=key, partition=partition)
+    finally:
+        await producer.stop()
+
+
+def test_windows_close_when_the_last_record_of_a_branch_partition_is_dead_lettered_unhandled(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A keyless branch record is dead-lettered before the join handles it. When it is the last
+    record of its partition, the partition must still count as read to its end, or no window
+    on that partition number ever closes (the hostile campaign's lone future-dated branch
+    record waited forever whenever a keyless record landed last on its partition)."""
+    topo = _ensemble(tmp_path, window_ms=2000)
+    classify, score = f"{topo.name}.classify.out", f"{topo.name}.score.out"
+    value = encode_request({"raw": random_features(1, 15)}, correlation_id="x").value
+    sends: list[tuple[str, int, bytes | None, bytes]] = []
+    for p in range(2):  # per partition: a lone score record, then a keyless one; a lone classify record
+        sends += [(score, p, f"lone-score-{p}".encode(), value), (score, p, None, value)]
+        sends += [(classify, p, f"lone-classify-{p}".encode(), value)]
+    with pipeline_process(topo, cli_env, tmp_path) as worker:
+        asyncio.run(_send_to(kafka_bootstrap, sends))
+        out = asyncio.run(collect(kafka_bootstrap, [topo.dead_letter_topic], done=lambda rs: len(rs) >= 6, timeout=90))
+        assert worker.terminate() == 0
+    reasons = sorted((r.key or b"", read_dead_letter(r.headers).error_class) for r in out.records)
+    assert reasons == sorted(
+        [(b"", "missing-correlation-id")] * 2
+        + [(f"lone-{b}-{p}".encode(), "deadline-exceeded") for b in ("score", "classify") for p in range(2)]
+    ), reasons

@@ -125,7 +125,6 @@ class SequenceStage(StatefulStage):
 
     # ------------------------------------------------------------------ per record
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
-        self.clock.observe(record)
         try:
             chunk = parse_chunk(record, slot, self.settings.input_tensor, self.max_samples)
         except BadRequest as bad:
