@@ -1,7 +1,7 @@
 """The RIFF/WAVE container: find the format and the sample bytes, and write canonical headers.
 
 This is the project's one WAV reader: the DALI stage, the numpy reference and
-``pipeline produce --wav`` (:mod:`pipeline.client.audio`) all read through it.
+``pipeline produce --wav`` (:mod:`pipeline.tools.audio`) all read through it.
 
 Why our own parser rather than a library: measured in November 2026 (CPython
 3.11.7, the project's interpreter; ``requires-python >= 3.10``):

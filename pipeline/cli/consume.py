@@ -1,6 +1,6 @@
 """``pipeline consume``: read results and dead letters back, and say what they add up to.
 
-The logic lives in :mod:`pipeline.client` (reading, classifying, summarising,
+The logic lives in :mod:`pipeline.tools` (reading, classifying, summarising,
 rendering); this module turns flags into calls and prints. Records go to
 stdout, one line each (or JSON Lines with ``--json``, the summary being the
 last line, ``"kind": "summary"``); status lines go to stderr, so stdout stays
@@ -24,9 +24,9 @@ from pipeline.errors import ConfigError
 if TYPE_CHECKING:
     from aiokafka.structs import TopicPartition
 
-    from pipeline.client.consumer import ConsumeOptions, ConsumeResult
-    from pipeline.client.decoding import Consumed
     from pipeline.settings import KafkaSettings
+    from pipeline.tools.consumer import ConsumeOptions, ConsumeResult
+    from pipeline.tools.decoding import Consumed
 
 #: Idle timeout when neither --timeout nor --follow is given.
 DEFAULT_IDLE_S = 10.0
@@ -68,8 +68,8 @@ def consume(
     duplicate correlation ids, end-to-end latency percentiles (from the
     sent-at-ms header `pipeline produce` adds) and per-key ordering.
     """
-    from pipeline.client.consumer import ConsumeOptions
-    from pipeline.client.target import Target
+    from pipeline.tools.consumer import ConsumeOptions
+    from pipeline.tools.target import Target
 
     if sum((show, quiet, as_json)) > 1:
         raise ConfigError("choose one of --show, --quiet and --json")
@@ -88,10 +88,10 @@ def consume(
 
 
 async def _consume(topics: list[str], kafka: KafkaSettings, options: ConsumeOptions, mode: str, values: int) -> None:
-    from pipeline.client import render
-    from pipeline.client.consumer import consume
-    from pipeline.client.signals import stop_on_signals
-    from pipeline.client.summary import ConsumeSummary
+    from pipeline.tools import render
+    from pipeline.tools.consumer import consume
+    from pipeline.tools.signals import stop_on_signals
+    from pipeline.tools.summary import ConsumeSummary
 
     # aiokafka logs connection failures itself; the one-line error says it once.
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
@@ -141,7 +141,7 @@ async def _consume(topics: list[str], kafka: KafkaSettings, options: ConsumeOpti
 
 
 def _stopped_text(result: ConsumeResult, options: ConsumeOptions) -> str:
-    from pipeline.client.consumer import StopReason
+    from pipeline.tools.consumer import StopReason
 
     if result.stopped_by is StopReason.COUNT:
         reason = "after the requested count"

@@ -1,6 +1,6 @@
 """``pipeline produce``: put inference requests on a topic, the way a client application would.
 
-The logic lives in :mod:`pipeline.client` (sources, pacing, sending); this
+The logic lives in :mod:`pipeline.tools` (sources, pacing, sending); this
 module only turns flags into calls and prints. Heavy imports (numpy, aiokafka,
 tritonclient) happen inside the command, so ``pipeline --help`` stays fast.
 """
@@ -26,11 +26,11 @@ from pipeline.errors import ConfigError, PipelineError
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from pipeline.client.producer import ProduceStats
-    from pipeline.client.sources import RequestTemplate
-    from pipeline.client.target import Target
     from pipeline.contract.records import Record
     from pipeline.settings import KafkaSettings
+    from pipeline.tools.producer import ProduceStats
+    from pipeline.tools.sources import RequestTemplate
+    from pipeline.tools.target import Target
     from pipeline.triton.admin import ModelDescription
 
 #: Seconds between plain progress lines when stderr is not a terminal.
@@ -112,9 +112,9 @@ def produce(
     sent-at-ms header, so `pipeline consume` can report end-to-end latency.
     Prints sent / acknowledged / failed counts; exit status 1 if any failed.
     """
-    from pipeline.client.sources import RecordBuilder, RecordOptions, describe_inputs, repeat
-    from pipeline.client.target import Target
     from pipeline.contract.request import WireForm
+    from pipeline.tools.sources import RecordBuilder, RecordOptions, describe_inputs, repeat
+    from pipeline.tools.target import Target
 
     sources = {
         "--json": json_file,
@@ -171,9 +171,9 @@ def _produce_audio(
     """One stream: the file's chunks in order, paced at ``speed`` x real time."""
     import secrets
 
-    from pipeline.client.sources import RecordBuilder, RecordOptions, audio_stream_requests
-    from pipeline.client.target import Target
     from pipeline.contract.request import WireForm
+    from pipeline.tools.sources import RecordBuilder, RecordOptions, audio_stream_requests
+    from pipeline.tools.target import Target
 
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
@@ -202,7 +202,7 @@ def _templates(
     seed: int | None,
 ) -> tuple[Iterable[RequestTemplate], int]:
     """The source's templates (a list, or an endless iterator for --random) and its default count."""
-    from pipeline.client import sources
+    from pipeline.tools import sources
 
     if source == "--json":
         assert path is not None
@@ -229,7 +229,7 @@ def _describe(target: Target) -> ModelDescription:
 
 def _report(stats: ProduceStats) -> None:
     """Print the summary; exit 130 after a signal, fail (exit 1) if any record failed."""
-    from pipeline.client.render import produce_summary_lines
+    from pipeline.tools.render import produce_summary_lines
 
     for line in produce_summary_lines(stats):
         print(line)
@@ -250,8 +250,8 @@ async def _send(
     announce: str,
 ) -> ProduceStats:
     """Send with a progress display; ``announce`` is printed once the broker has answered."""
-    from pipeline.client.producer import SendOptions, produce
-    from pipeline.client.signals import stop_on_signals
+    from pipeline.tools.producer import SendOptions, produce
+    from pipeline.tools.signals import stop_on_signals
 
     # aiokafka logs connection failures itself; the one-line error below says it once.
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
@@ -319,7 +319,7 @@ class _ProgressReporter:
                     rate=stats.rate,
                 )
         elif now - self._last >= PLAIN_PROGRESS_EVERY_S:
-            from pipeline.client.render import produce_progress_line
+            from pipeline.tools.render import produce_progress_line
 
             self._last = now
             print(produce_progress_line(stats), file=sys.stderr, flush=True)

@@ -29,13 +29,13 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.client.audio import read_wav
-from pipeline.client.pacing import Pacer
-from pipeline.client.sources import RecordBuilder, RecordOptions, random_requests
 from pipeline.contract.errors import ErrorClass
 from pipeline.contract.records import dead_letter_headers, result_headers
 from pipeline.contract.request import InferenceRequest, decode_request, encode_request
 from pipeline.contract.response import encode_response
+from pipeline.tools.audio import read_wav
+from pipeline.tools.pacing import Pacer
+from pipeline.tools.sources import RecordBuilder, RecordOptions, random_requests
 from pipeline.triton.admin import ModelDescription, TensorSpec
 from tests.helpers.cli import assert_one_line_error, ok, run_cli
 
@@ -289,7 +289,7 @@ def test_wav_from_espeak(cli_env: dict[str, str], tmp_path: Path) -> None:
     )
     with wave.open(
         str(path)
-    ) as wav:  # the reference: stdlib only, independent of pipeline.client.audio
+    ) as wav:  # the reference: stdlib only, independent of pipeline.tools.audio
         assert wav.getsampwidth() == 2 and wav.getnchannels() == 1
         expected = (
             np.frombuffer(wav.readframes(wav.getnframes()), "<i2").astype(np.float32) / 32768.0

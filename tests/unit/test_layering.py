@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
         "pipeline.deadletter",
     ),
     ("workers",),
-    ("pipeline.runtime", "pipeline.client"),
+    ("pipeline.runtime", "pipeline.tools", "pipeline.client"),
     ("pipeline.cli", "pipeline.__main__", "pipeline"),
 ]
 

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.client.decoding import Consumed, Kind
+from pipeline.tools.decoding import Consumed, Kind
 
 
 @dataclass(frozen=True)

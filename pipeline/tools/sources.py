@@ -13,7 +13,7 @@ Sources:
   each request is validated with the contract's own decoder first, so a typo
   fails here, with the file and line, instead of in the dead-letter topic;
 * :func:`npy_request`: one ``.npy`` array as a named input;
-* :func:`wav_request`: a WAV file as FP32 ``[1, samples]`` (:mod:`pipeline.client.audio`);
+* :func:`wav_request`: a WAV file as FP32 ``[1, samples]`` (:mod:`pipeline.tools.audio`);
 * :func:`random_requests`: endless random tensors shaped by a model's Triton metadata.
 
 Errors a user can fix (missing file, bad JSON, wrong input name) are
@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.client.audio import read_wav
 from pipeline.contract import headers as h
 from pipeline.contract import tensors
 from pipeline.contract.errors import BadRequest
@@ -51,6 +50,7 @@ from pipeline.contract.request import (
     encode_request,
 )
 from pipeline.errors import ConfigError
+from pipeline.tools.audio import read_wav
 
 if TYPE_CHECKING:
     from pipeline.triton.admin import ModelDescription, TensorSpec

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.client.decoding import Consumed, Kind
-from pipeline.client.producer import ProduceStats
-from pipeline.client.summary import ConsumeSummary
+from pipeline.tools.decoding import Consumed, Kind
+from pipeline.tools.producer import ProduceStats
+from pipeline.tools.summary import ConsumeSummary
 
 #: Values shown per tensor unless told otherwise.
 DEFAULT_VALUES = 8

@@ -20,15 +20,15 @@ from dataclasses import dataclass
 
 from aiokafka.errors import KafkaError
 
-from pipeline.client.connect import start_client
-from pipeline.client.headers import SENT_AT_MS, now_ms
-from pipeline.client.pacing import Pacer
 from pipeline.contract import headers as h
 from pipeline.contract.errors import one_line
 from pipeline.contract.records import Record
 from pipeline.errors import EndpointUnreachable
 from pipeline.kafka.clients import make_producer
 from pipeline.settings import KafkaSettings
+from pipeline.tools.connect import start_client
+from pipeline.tools.headers import SENT_AT_MS, now_ms
+from pipeline.tools.pacing import Pacer
 
 #: How long to wait for the broker (and the topic's metadata) before giving up with one line.
 CONNECT_TIMEOUT_S = 10.0

@@ -1,4 +1,4 @@
-"""Client tools: put requests on a topic, read results back (``pipeline produce`` / ``consume``).
+"""Command-line client tools: put requests on a topic, read results back (``pipeline produce`` / ``consume``).
 
 Everything here is a *client* of the pipeline, written against the message
 contract (:mod:`pipeline.contract`) exactly as a third-party producer would

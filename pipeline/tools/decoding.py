@@ -20,13 +20,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pipeline.client.headers import SENT_AT_MS
 from pipeline.contract import headers as h
 from pipeline.contract.errors import BadRequest, TextEnum
 from pipeline.contract.records import DeadLetter, read_dead_letter
 from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.contract.response import InferenceResponse, decode_response
 from pipeline.kafka.records import ConsumedRecord
+from pipeline.tools.headers import SENT_AT_MS
 
 
 class Kind(TextEnum):

@@ -23,11 +23,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from pipeline.client.connect import start_client
-from pipeline.client.decoding import Consumed, classify
 from pipeline.contract.errors import TextEnum
 from pipeline.kafka.clients import make_consumer
 from pipeline.settings import KafkaSettings
+from pipeline.tools.connect import start_client
+from pipeline.tools.decoding import Consumed, classify
 
 #: How long to wait for the broker, and for the topics' partitions to be assigned.
 CONNECT_TIMEOUT_S = 10.0
