@@ -32,6 +32,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.errors import ConfigError
 from pipeline.observability.metrics import PipelineMetrics
 
 DEFAULT_HOST = "127.0.0.1"
@@ -75,7 +76,14 @@ class HealthServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # in use, or not an address of this host: one line, not a traceback
+            await self._runner.cleanup()
+            raise ConfigError(
+                f"cannot serve /livez, /readyz and /metrics on {self._host}:{self._port}: {exc.strerror or exc}"
+                " (choose another with --http-port, or 0 for any free port)"
+            ) from exc
         server = site._server
         assert isinstance(server, asyncio.base_events.Server) and server.sockets
         self.port = int(server.sockets[0].getsockname()[1])

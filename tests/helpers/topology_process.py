@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +26,6 @@ import yaml
 from aiokafka.structs import ConsumerRecord
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.embedded.process import free_port
 from tests.helpers.kafka_io import Collected, collect
 
 ENSEMBLE_YAML = Path(__file__).resolve().parents[2] / "topologies" / "ensemble.yaml"
@@ -92,6 +93,30 @@ def write_ensemble_topology(
     return write_topology(tmp_path, partitions=partitions, stages=ensemble["stages"], extra=extra)
 
 
+def _processes(args: Sequence[str]) -> int:
+    return int(args[args.index("--processes") + 1]) if "--processes" in args else 1
+
+
+def listen_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` lies in the ephemeral range, where any
+    outgoing connection may take it: a ``--processes`` child restarted onto ``port + i``
+    after kill -9 found it taken by a Kafka connection and failed five times in a row
+    (CI, 2026-11-24). Ports below that range are only taken by listeners."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        base = random.randrange(20_000, low - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {count} consecutive free ports between 20000 and {low}")
+
+
 class PipelineProcess:
     """One `pipeline run` process with its health port and log file."""
 
@@ -109,7 +134,7 @@ class PipelineProcess:
         self.env = dict(env, PYTHONUNBUFFERED="1", COLUMNS="200")
         self.log_path = log_path
         self.stage = stage
-        self.http_port = free_port()
+        self.http_port = listen_ports(_processes(self.args))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout: float = 120.0) -> PipelineProcess:

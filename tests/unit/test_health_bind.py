@@ -10,7 +10,9 @@ to 0.0.0.0 answers it. No network interface beyond ``lo`` is needed.
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
+from pipeline.errors import ConfigError
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.runtime.health import DEFAULT_HOST, HealthServer
 
@@ -42,3 +44,16 @@ async def test_an_explicit_host_is_honoured() -> None:
         assert await _status("127.0.0.2", port) == 200
     finally:
         await server.stop()
+
+
+async def test_a_port_in_use_is_one_line_naming_it() -> None:
+    """A supervisor's child restarted onto a port something else took meanwhile (an outgoing
+    connection's ephemeral port) must say so in one line, not with a traceback."""
+    first = HealthServer(PipelineMetrics(), list)
+    port = await first.start()
+    try:
+        second = HealthServer(PipelineMetrics(), list, port=port)
+        with pytest.raises(ConfigError, match=rf"cannot serve .* on 127\.0\.0\.1:{port}: .*in use"):
+            await second.start()
+    finally:
+        await first.stop()
