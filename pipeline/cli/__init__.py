@@ -16,6 +16,7 @@ from pipeline.cli import models as _models  # noqa: F401
 from pipeline.cli import produce as _produce  # noqa: F401
 from pipeline.cli import run as _run  # noqa: F401
 from pipeline.cli import stack as _stack  # noqa: F401
+from pipeline.cli import top as _top  # noqa: F401
 from pipeline.cli import validate as _validate  # noqa: F401
 from pipeline.cli.app import app, console_err
 from pipeline.errors import PipelineError
