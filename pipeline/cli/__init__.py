@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 # Importing registers the sub-commands on `app`.
+from pipeline.cli import bench as _bench  # noqa: F401
 from pipeline.cli import consume as _consume  # noqa: F401
 from pipeline.cli import deploy as _deploy  # noqa: F401
 from pipeline.cli import models as _models  # noqa: F401

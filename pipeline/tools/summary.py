@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.tools.decoding import Consumed, Kind
+
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,9 @@ class Latency:
         ordered = sorted(values)
         return cls(
             count=len(ordered),
-            p50=_nearest_rank(ordered, 50),
-            p90=_nearest_rank(ordered, 90),
-            p99=_nearest_rank(ordered, 99),
+            p50=nearest_rank(ordered, 50),
+            p90=nearest_rank(ordered, 90),
+            p99=nearest_rank(ordered, 99),
             max=ordered[-1],
         )
 
@@ -103,6 +106,8 @@ class ConsumeSummary:
         }
 
 
-def _nearest_rank(ordered: list[int], percent: float) -> int:
+def nearest_rank(ordered: Sequence[N], percent: float) -> N:
+    """The nearest-rank percentile of sorted, non-empty ``ordered``: a value that occurred
+    (``pipeline consume``'s summary and ``pipeline bench`` both report these)."""
     rank = max(1, math.ceil(percent / 100 * len(ordered)))
     return ordered[rank - 1]
