@@ -2,7 +2,9 @@
 
 Every path that gives a record up builds its dead letter here (a bad request, a
 failed call, a join window that closed, a state record that did not decode), so
-they all carry the same ``error-*`` headers (docs/message-contract.md).
+they all carry the same ``error-*`` headers (docs/message-contract.md). A dead
+letter of a consumed record also says where it was read (``source-topic``,
+``-partition``, ``-offset``): ``pipeline replay`` sends it back there.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from collections.abc import Sequence
 
 from pipeline.contract.errors import ErrorClass, one_line
-from pipeline.contract.records import dead_letter_headers
+from pipeline.contract.records import dead_letter_headers, read_source, source_position_headers
 from pipeline.kafka.outbox import OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.state import RestoreReport
@@ -27,14 +29,23 @@ def dead_letter_record(
     error_class: ErrorClass | str,
     reason: str,
     request_timestamp_ms: int | None = None,
+    source: tuple[str, int, int] | None = None,
 ) -> OutRecord:
+    """``source``: the consumed record's topic, partition and offset, appended as
+    ``source-*`` headers before the ``error-*`` ones (unless the headers already end
+    with that very position: a record salvaged by position carries it)."""
     error = ErrorClass(error_class)
+    kept = list(headers)
+    if source is not None:
+        known = read_source(kept)
+        if known is None or (known.topic, known.partition, known.offset) != source:
+            kept += source_position_headers(*source)
     return OutRecord(
         topic=topic,
         key=key,
         value=value,
         headers=dead_letter_headers(
-            list(headers), stage=stage, error_class=error, reason=one_line(reason), now_ms=int(time.time() * 1000)
+            kept, stage=stage, error_class=error, reason=one_line(reason), now_ms=int(time.time() * 1000)
         ),
         dead_letter=True,
         error_class=error.value,
@@ -49,6 +60,7 @@ def dead_letter_of(
     return dead_letter_record(
         stage=stage, topic=topic, key=record.key, value=record.value, headers=record.headers or (),
         error_class=error_class, reason=reason, request_timestamp_ms=record.timestamp,
+        source=(record.topic, record.partition, record.offset),
     )
 
 

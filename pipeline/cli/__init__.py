@@ -15,6 +15,7 @@ from pipeline.cli import consume as _consume  # noqa: F401
 from pipeline.cli import deploy as _deploy  # noqa: F401
 from pipeline.cli import models as _models  # noqa: F401
 from pipeline.cli import produce as _produce  # noqa: F401
+from pipeline.cli import replay as _replay  # noqa: F401
 from pipeline.cli import run as _run  # noqa: F401
 from pipeline.cli import stack as _stack  # noqa: F401
 from pipeline.cli import top as _top  # noqa: F401

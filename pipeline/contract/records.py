@@ -187,7 +187,61 @@ def read_claim_check(headers: h.HeaderPairs | None) -> ClaimCheck | None:
     )
 
 
+#: The dead-letter bookkeeping a replay removes: what failed, where the record was, its claim check.
+DEAD_LETTER_HEADERS = (
+    h.ERROR_STAGE, h.ERROR_CLASS, h.ERROR_REASON, h.ERROR_TIME,
+    SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, *CLAIM_CHECK_HEADERS,
+)
+#: How many times a record has been replayed from a dead-letter topic (absent: never).
+REPLAY_COUNT = "replay-count"
+
+
 def replay_headers(headers: h.HeaderPairs | None) -> h.Headers:
-    """A dead letter's headers minus every ``error-*`` and claim-check header: the
-    original record's headers, for re-producing it."""
-    return h.without(headers, (h.ERROR_STAGE, h.ERROR_CLASS, h.ERROR_REASON, h.ERROR_TIME, *CLAIM_CHECK_HEADERS))
+    """A dead letter's headers minus every ``error-*``, ``source-*`` and claim-check
+    header: the original record's headers, for re-producing it."""
+    return h.without(headers, DEAD_LETTER_HEADERS)
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """Where the record a dead letter stands for was consumed."""
+
+    topic: str
+    partition: int | None
+    offset: int | None
+
+
+def _last_values(headers: h.HeaderPairs | None, names: tuple[str, ...]) -> dict[str, str]:
+    last: dict[str, str] = {}
+    for key, value in headers or ():
+        name = key.lower() if isinstance(key, str) else ""
+        if name in names and value is not None:
+            last[name] = bytes(value).decode("utf-8", errors="replace")
+    return last
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
+
+
+def read_source(headers: h.HeaderPairs | None) -> SourcePosition | None:
+    """The ``source-topic/-partition/-offset`` a dead letter carries (last occurrence wins),
+    or None: dead letters written before these headers existed, join expiries and
+    ``result-too-large`` claim checks have none."""
+    last = _last_values(headers, (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET))
+    if not last.get(SOURCE_TOPIC):
+        return None
+    return SourcePosition(
+        last[SOURCE_TOPIC], _int_or_none(last.get(SOURCE_PARTITION)), _int_or_none(last.get(SOURCE_OFFSET))
+    )
+
+
+def read_replay_count(headers: h.HeaderPairs | None) -> int:
+    """The record's ``replay-count`` (last occurrence; 0 when absent or not a number)."""
+    return _int_or_none(_last_values(headers, (REPLAY_COUNT,)).get(REPLAY_COUNT)) or 0
+
+
+def replayed_headers(headers: h.HeaderPairs | None, count: int) -> h.Headers:
+    """What a replayed record carries: the original headers, bytes and order kept, the
+    dead-letter bookkeeping removed, ``replay-count: count`` appended (replacing the old one)."""
+    return h.replace_headers(replay_headers(headers), [(REPLAY_COUNT, str(count))])

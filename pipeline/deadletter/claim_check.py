@@ -33,6 +33,7 @@ from urllib3.util import Retry, Timeout
 
 from pipeline.contract.headers import HeaderPairs
 from pipeline.contract.records import ClaimCheck
+from pipeline.errors import PipelineError
 from pipeline.settings import S3Settings
 
 CONNECT_TIMEOUT_S = 2.0
@@ -86,6 +87,37 @@ def manifest(name: ClaimName, key: bytes | None, value: bytes | None, headers: H
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
+class ClaimCheckMismatch(PipelineError):
+    """The stored payload is not what the claim check promised (size or SHA-256), or its
+    manifest is unreadable: replaying it would send other bytes than the original."""
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """The record behind a claim check, as stored: key, exact value, headers."""
+
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes | None]]  # null header values kept as null
+
+
+def manifest_key(value_key: str) -> str:
+    """``<base>/value`` -> ``<base>/record.json``: the manifest beside a stored value."""
+    base = value_key.removesuffix("/value")
+    return f"{base}/record.json"
+
+
+def parse_manifest(data: bytes) -> tuple[bytes | None, list[tuple[str, bytes | None]]]:
+    """Key and headers out of a ``record.json`` object (see :func:`manifest`)."""
+    try:
+        doc = json.loads(data)
+        key = None if doc["key"] is None else base64.b64decode(doc["key"], validate=True)
+        headers = [(str(k), None if v is None else base64.b64decode(v, validate=True)) for k, v in doc["headers"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ClaimCheckMismatch(f"unreadable claim-check manifest: {exc}") from None
+    return key, headers
+
+
 class ClaimCheckStore:
     """The dead-letter bucket of one S3-compatible store (MinIO in production)."""
 
@@ -135,6 +167,22 @@ class ClaimCheckStore:
         finally:
             response.close()
             response.release_conn()
+
+    def fetch(self, check: ClaimCheck) -> StoredRecord:
+        """The original record behind a stored claim check, its value checked against the
+        claim check's size and SHA-256 (:class:`ClaimCheckMismatch` otherwise). Key and
+        headers come from the manifest beside the value: the dead letter itself may have
+        dropped them to fit its topic. Blocking; S3 errors propagate."""
+        if check.uri is None:
+            raise ClaimCheckMismatch(f"payload not kept: {check.error or 'no claim-check-uri'}")
+        value = self.get(check.uri)
+        if len(value) != check.size or digest(value) != check.sha256:
+            raise ClaimCheckMismatch(
+                f"{check.uri}: {len(value)} bytes, SHA-256 {digest(value)[:16]}…; "
+                f"the claim check says {check.size} bytes, {check.sha256[:16]}…"
+            )
+        key, headers = parse_manifest(self.get(manifest_key(check.uri)))
+        return StoredRecord(key=key, value=value, headers=headers)
 
     def _ensure_bucket(self) -> None:
         with self._lock:
