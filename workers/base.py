@@ -34,6 +34,7 @@ from pipeline.kafka.clients import RecordLimits, failing_in_one_line, make_consu
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
+from pipeline.kafka.replies import stage_replies
 from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
@@ -77,6 +78,9 @@ class StageIO:
     """Record sizes the clients handle (from the topology's largest accepted request)."""
     claim_checks: ClaimCheckStore | None = None
     """Where dead letters over ``limits.dead_letter_max_bytes`` keep their payload (None: not kept)."""
+    reply_prefix: str | None = None
+    """Set on the stage writing the topology's result topic: results whose ``reply-topic``
+    is under this prefix go there instead (:mod:`pipeline.contract.reply`)."""
 
     @property
     def input_topics(self) -> list[str]:
@@ -243,6 +247,7 @@ class StreamStage(abc.ABC):
         self._outbox = Outbox(
             self._producer, self._consumer, on_acknowledged=self.outcomes.acknowledged, oversize=oversize,
             fence=self.fence.watch(self._consumer, self.io.stage, self.metrics),
+            replies=stage_replies(self._producer, self.io.stage, self.io.output_topic, self.io.reply_prefix, self.metrics),
         )
         self._consumer.subscribe(self.io.input_topics, listener=_Rebalance(self))
         await self._consumer.start()

@@ -150,6 +150,7 @@ async def ensure_topics(
     replication_factor: int = 1,
     compacted: Iterable[str] = (),
     limits: RecordLimits | None = None,
+    configs: dict[str, str] | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the ones it created.
 
@@ -157,7 +158,8 @@ async def ensure_topics(
     the broker keeps the latest value per key forever, not by time. With
     ``limits``, every topic gets ``max.message.bytes`` to match the producers
     (Tansu stores the setting but does not enforce it; Apache Kafka does).
-    Existing topics are left as they are.
+    ``configs``: more topic settings for every topic (a client's reply topic: its
+    ``retention.ms``). Existing topics are left as they are.
     """
     await check_tls(settings)
     admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
@@ -181,6 +183,7 @@ async def ensure_topics(
                 topic_configs={
                     **({"cleanup.policy": "compact"} if t in compact else {}),
                     **(limits.topic_configs() if limits is not None else {}),
+                    **(configs or {}),
                 },
             )
             for t in wanted

@@ -75,6 +75,12 @@ class OversizeHandler(Protocol):
     async def replace(self, out: OutRecord, slot: Slot[Outputs], index: int) -> OutRecord: ...
 
 
+class ReplyRouting(Protocol):
+    """Where a result asking for a reply topic goes (:class:`pipeline.kafka.replies.ReplyRouter`)."""
+
+    async def route(self, out: OutRecord) -> OutRecord: ...
+
+
 class Outbox:
     """Ordered emission and safe commits for one consumer's partitions."""
 
@@ -86,8 +92,10 @@ class Outbox:
         on_acknowledged: OnAcknowledged | None = None,
         oversize: OversizeHandler | None = None,
         fence: MembershipLease | None = None,
+        replies: ReplyRouting | None = None,
     ) -> None:
         self._producer = producer
+        self._replies = replies
         self._fence = LineFence(fence)
         self._oversize = oversize
         # Slots whose oversized outputs are being claim-checked: not ready until done.
@@ -181,7 +189,14 @@ class Outbox:
                 done.add_done_callback(functools.partial(self._delivered, slot=slot))
 
     async def _send(self, out: OutRecord, slot: Slot[Outputs], index: int) -> asyncio.Future[Any]:
-        """Hand ``slot.output[index]`` to the producer; one it refuses as too large: claim check."""
+        """Hand ``slot.output[index]`` to the producer (at its reply topic when it asks for an
+        allowed one); one it refuses as too large: claim check."""
+        if self._replies is not None:
+            routed = await self._replies.route(out)
+            if routed is not out:
+                assert slot.output is not None
+                slot.output = (*slot.output[:index], routed, *slot.output[index + 1 :])
+                out = routed
         try:
             return await self._send_record(out)
         except MessageSizeTooLargeError as exc:

@@ -52,6 +52,12 @@ class PipelineMetrics:
         self.dead_letters = counter(
             "pipeline_dead_letters_total", "Records sent to the dead-letter topic, by error class.", "error_class"
         )
+        self.reply_routes = counter(
+            "pipeline_reply_routes_total",
+            "Results whose request named a reply-topic: honoured, or why it was ignored (the result "
+            "then went to the result topic).",
+            "outcome",
+        )
         self.triton_retries = counter(
             "pipeline_triton_retries_total", "Triton calls retried after UNAVAILABLE or a timeout."
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
+from pipeline.contract.reply import reply_prefix
 from pipeline.contract.request import DEFAULT_MAX_VALUE_BYTES
 from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.errors import ConfigError
@@ -151,6 +152,7 @@ def build_stages(
                 else config.batching.max_pending_requests
             ),
             emit_requests=output_topic != topology.result_topic,
+            reply_prefix=reply_prefix(topology.result_topic) if output_topic == topology.result_topic else None,
             limits=limits,
             claim_checks=claim_checks,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
@@ -182,6 +184,7 @@ def _graph_stages(
             dead_letter_topic=topology.dead_letter_topic,
             max_pending=config.batching.max_pending_requests,
             emit_requests=not node.to_result,
+            reply_prefix=reply_prefix(topology.result_topic) if node.to_result else None,
             limits=limits,
             claim_checks=claim_checks,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
@@ -211,6 +214,7 @@ def _graph_stages(
             stall_after_s=join.window_ms / 1000 + JOIN_STALL_MARGIN_S,
             limits=limits,
             claim_checks=claim_checks,
+            reply_prefix=reply_prefix(topology.result_topic) if join.output_topic == topology.result_topic else None,
         )
         stages.append(build_join(BuildContext(topology, endpoints, metrics, io), join))
     return stages

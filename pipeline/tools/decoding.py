@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.contract import headers as h
 from pipeline.contract.errors import BadRequest, TextEnum
+from pipeline.contract.payload import ParamValue
 from pipeline.contract.records import DeadLetter, read_dead_letter
 from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.contract.response import InferenceResponse, decode_response
@@ -60,6 +61,7 @@ class Consumed:
     sent_at_ms: int | None = None
     result_type: str | None = None  # sequence stages: chunk, segment or summary
     part: str = ""  # what distinguishes several results of one request (a segment's index)
+    parameters: dict[str, ParamValue] = field(default_factory=dict)  # the OIP parameters of the body
 
     @property
     def identity(self) -> tuple[str | None, str | None, str]:
@@ -107,6 +109,7 @@ def classify(record: ConsumedRecord) -> Consumed:
             correlation_id=message.correlation_id,
             tensors=tensors,
             part=part,
+            parameters=dict(message.parameters),
         )
     return replace(base, problem=str(first_error))
 

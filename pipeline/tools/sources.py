@@ -353,6 +353,7 @@ __all__ = [
     "RecordBuilder",
     "RecordOptions",
     "RequestTemplate",
+    "audio_chunk",
     "describe_inputs",
     "json_requests",
     "npy_request",
@@ -407,7 +408,6 @@ def audio_stream_requests(
     small WAV file in a BYTES tensor. The pipeline decodes, downmixes and resamples.
     """
     from pipeline.audio import SampleFormat
-    from pipeline.audio.wav import canonical_wav
 
     audio = read_wav(Path(path))
     size = chunk_samples_for(audio.sample_rate, chunk_ms, target_rate)
@@ -421,21 +421,40 @@ def audio_stream_requests(
             pcm = np.clip(np.round(piece * 32768.0), -32768, 32767).astype("<i2")
         else:
             pcm = np.ascontiguousarray(piece, dtype=np.float32)
-        parameters: dict[str, ParamValue] = {
-            "chunk_index": index,
-            SEQUENCE_ID: stream,
-            SEQUENCE_START: index == 0,
-            SEQUENCE_END: index == count - 1,
-        }
-        if as_wav:
-            wav = canonical_wav(
-                sent_as.format_tag, pcm.shape[1], audio.sample_rate, sent_as.bits, pcm.tobytes()
+        templates.append(
+            audio_chunk(
+                pcm, index=index, stream=stream, end=index == count - 1,
+                sample_rate=audio.sample_rate, as_wav=as_wav,
             )
-            inputs = {"audio": np.array([wav], dtype=object)}
-            datatypes = {"audio": "BYTES"}
-        else:
-            inputs = {"audio": pcm}
-            datatypes = {"audio": "INT16" if sent_as is SampleFormat.PCM_S16 else "FP32"}
-            parameters["sample_rate"] = audio.sample_rate
-        templates.append(RequestTemplate(inputs=inputs, datatypes=datatypes, parameters=parameters))
+        )
     return templates, AudioStreamPlan(size, audio.sample_rate, count)
+
+
+def audio_chunk(
+    pcm: np.ndarray, *, index: int, stream: str, end: bool, sample_rate: int, as_wav: bool = False
+) -> RequestTemplate:
+    """One chunk of a stream as a request: ``pcm`` is ``[frames]`` or ``[frames, channels]``,
+    INT16 or float samples in [-1, 1] (sent as FP32), at ``sample_rate``; ``chunk_index``
+    and Triton's sequence parameters set (start on chunk 0, end when ``end``). With
+    ``as_wav``, the chunk travels as a small WAV file in a BYTES tensor."""
+    from pipeline.audio import SampleFormat
+    from pipeline.audio.wav import canonical_wav
+
+    pcm = np.asarray(pcm)
+    pcm = pcm[:, None] if pcm.ndim == 1 else pcm
+    sent_as = SampleFormat.PCM_S16 if pcm.dtype == np.int16 else SampleFormat.FLOAT32
+    pcm = pcm.astype("<i2") if sent_as is SampleFormat.PCM_S16 else np.ascontiguousarray(pcm, dtype=np.float32)
+    parameters: dict[str, ParamValue] = {
+        "chunk_index": index,
+        SEQUENCE_ID: stream,
+        SEQUENCE_START: index == 0,
+        SEQUENCE_END: end,
+    }
+    if as_wav:
+        wav = canonical_wav(sent_as.format_tag, pcm.shape[1], sample_rate, sent_as.bits, pcm.tobytes())
+        return RequestTemplate(
+            inputs={"audio": np.array([wav], dtype=object)}, datatypes={"audio": "BYTES"}, parameters=parameters
+        )
+    parameters["sample_rate"] = sample_rate
+    datatype = "INT16" if sent_as is SampleFormat.PCM_S16 else "FP32"
+    return RequestTemplate(inputs={"audio": pcm}, datatypes={"audio": datatype}, parameters=parameters)

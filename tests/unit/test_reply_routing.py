@@ -1,0 +1,133 @@
+"""The reply-topic rule (pure) and the client's matching of replies to calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from pipeline.client.waiters import Delivery, Waiters
+from pipeline.contract.records import DeadLetter
+from pipeline.contract.reply import ReplyOutcome, reply_headers, reply_prefix, reply_route
+from pipeline.tools.decoding import Consumed, Kind
+from pipeline.tools.sources import audio_chunk
+
+PREFIX = reply_prefix("dense.results")
+
+
+def _route(*pairs: tuple[str, str]) -> tuple[ReplyOutcome | None, str | None, int | None]:
+    route = reply_route([(k, v.encode()) for k, v in pairs], PREFIX)
+    return route.outcome, route.topic, route.partition
+
+
+def test_prefix_is_the_result_topic_and_reply() -> None:
+    assert PREFIX == "dense.results.reply."
+
+
+@pytest.mark.parametrize(
+    ("pairs", "want"),
+    [
+        ((), (None, None, None)),
+        ((("reply-topic", "dense.results.reply.c1"),), (ReplyOutcome.HONOURED, "dense.results.reply.c1", None)),
+        ((("Reply-Topic", "dense.results.reply.c1"), ("reply-partition", "3")),
+         (ReplyOutcome.HONOURED, "dense.results.reply.c1", 3)),
+        ((("reply-topic", "dense.results.reply."),), (ReplyOutcome.OUTSIDE_PREFIX, "dense.results.reply.", None)),
+        ((("reply-topic", "dense.requests"),), (ReplyOutcome.OUTSIDE_PREFIX, "dense.requests", None)),
+        ((("reply-topic", "__consumer_offsets"),), (ReplyOutcome.OUTSIDE_PREFIX, "__consumer_offsets", None)),
+        ((("reply-topic", "dense.results.reply.a/b"),), (ReplyOutcome.BAD_HEADER, None, None)),
+        ((("reply-topic", "dense.results.reply." + "x" * 240),), (ReplyOutcome.BAD_HEADER, None, None)),
+        ((("reply-topic", "dense.results.reply.c1"), ("reply-partition", "-1")),
+         (ReplyOutcome.BAD_HEADER, "dense.results.reply.c1", None)),
+        ((("reply-topic", "dense.results.reply.c1"), ("reply-partition", "99999999999")),
+         (ReplyOutcome.BAD_HEADER, "dense.results.reply.c1", None)),
+        ((("reply-topic", "dense.results.reply.a"), ("reply-topic", "dense.results.reply.b")),
+         (ReplyOutcome.BAD_HEADER, None, None)),
+    ],
+)
+def test_reply_route(pairs: tuple[tuple[str, str], ...], want: tuple[object, ...]) -> None:
+    assert _route(*pairs) == want
+
+
+def test_non_utf8_reply_topic_is_a_bad_header() -> None:
+    assert reply_route([("reply-topic", b"\xff")], PREFIX).outcome is ReplyOutcome.BAD_HEADER
+
+
+def test_reply_headers_round_trip() -> None:
+    route = reply_route(reply_headers("dense.results.reply.c1", 0), PREFIX)
+    assert route.honoured and route.partition == 0
+
+
+def _reply(cid: str, *, key: bytes | None = None, dead: bool = False) -> Consumed:
+    return Consumed(
+        topic="t", partition=0, offset=0, timestamp_ms=0, key=key or cid.encode(), value=b"", headers=[],
+        kind=Kind.DEAD_LETTER if dead else Kind.RESULT, correlation_id=cid,
+        dead_letter=DeadLetter("classify", "unknown-input", "no", None) if dead else None,
+    )
+
+
+def test_waiters_deliver_once_and_count_late_duplicate_and_foreign() -> None:
+    async def scenario() -> None:
+        waiters = Waiters()
+        answered, failed = waiters.expect("a"), waiters.expect("b")
+        waiters.expect("c")
+        assert waiters.deliver(_reply("a")) is Delivery.DELIVERED
+        assert answered.result().correlation_id == "a"
+        assert waiters.deliver(_reply("b", dead=True)) is Delivery.DELIVERED and failed.result().dead_letter
+        waiters.give_up("c", timed_out=True)
+        assert waiters.deliver(_reply("c")) is Delivery.LATE
+        assert waiters.deliver(_reply("a")) is Delivery.DUPLICATE
+        assert waiters.deliver(_reply("someone-else")) is Delivery.FOREIGN
+        stats = waiters.stats
+        assert (stats.results, stats.dead_letters, stats.timed_out) == (1, 1, 1)
+        assert (stats.late, stats.duplicates, stats.foreign) == (1, 1, 1)
+        with pytest.raises(ValueError):
+            waiters.expect("d") and waiters.expect("d")
+
+    asyncio.run(scenario())
+
+
+def test_a_reply_racing_a_cancelled_call_is_late_not_foreign() -> None:
+    async def scenario() -> None:
+        waiters = Waiters()
+        waiters.expect("a").cancel()  # wait_for cancelled the call; give_up() has not run yet
+        assert waiters.deliver(_reply("a")) is Delivery.LATE
+        waiters.give_up("a", timed_out=True)
+        assert waiters.stats.late == 1 and waiters.stats.timed_out == 1 and waiters.stats.foreign == 0
+
+    asyncio.run(scenario())
+
+
+def test_stream_replies_go_to_the_stream_by_key() -> None:
+    async def scenario() -> None:
+        waiters = Waiters()
+        queue = waiters.open_stream(b"s1")
+        assert waiters.deliver(_reply("x/0", key=b"s1")) is Delivery.STREAMED
+        assert queue.get_nowait().correlation_id == "x/0"
+        waiters.close_stream(b"s1")
+        assert waiters.deliver(_reply("x/1", key=b"s1")) is Delivery.FOREIGN
+
+    asyncio.run(scenario())
+
+
+def test_waiters_forget_the_oldest_settled_ids() -> None:
+    async def scenario() -> None:
+        waiters = Waiters(settled_memory=2)
+        for cid in "abc":
+            waiters.expect(cid)
+            waiters.give_up(cid, timed_out=True)
+        assert waiters.deliver(_reply("a")) is Delivery.FOREIGN
+        assert waiters.deliver(_reply("c")) is Delivery.LATE
+
+    asyncio.run(scenario())
+
+
+def test_audio_chunk_sets_the_sequence_flags_and_shape() -> None:
+    first = audio_chunk(np.zeros(512, np.float32), index=0, stream="s", end=False, sample_rate=16000)
+    assert first.inputs["audio"].shape == (512, 1) and first.datatypes == {"audio": "FP32"}
+    assert first.parameters == {
+        "chunk_index": 0, "sequence_id": "s", "sequence_start": True, "sequence_end": False, "sample_rate": 16000,
+    }
+    last = audio_chunk(np.zeros((4, 2), np.int16), index=7, stream="s", end=True, sample_rate=8000, as_wav=True)
+    assert last.datatypes == {"audio": "BYTES"} and last.inputs["audio"][0][:4] == b"RIFF"
+    assert last.parameters["sequence_end"] is True and last.parameters["sequence_start"] is False
