@@ -130,14 +130,12 @@ class StreamStage(abc.ABC):
         self.lag = ConsumerLag(io.stage, io.group_id, metrics)
         self._fatal: BaseException | None = None
         self.outcomes = StageOutcomes(io.stage, metrics)
-        # Partitions whose records may be handled: assigned *and* restored. aiokafka
-        # calls the rebalance listener from its coordinator task while the fetcher
-        # keeps fetching, so records can arrive before restore finishes or after a
-        # revocation; they wait, or are left to the partition's next owner.
+        # Partitions whose records may be handled: assigned *and* restored. aiokafka calls the
+        # rebalance listener from its coordinator task while the fetcher keeps fetching, so records
+        # arriving before restore finishes or after a revocation wait, or are left to the next owner.
         self._owned: set[TopicPartition] = set()
         self.fence = StageFence()
-        # getmany that turns undecodable records into dead-letter stand-ins instead of a crash loop.
-        self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])
+        self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])  # no crash loop
         self._traces = stage_tracer(io.stage, io.group_id)  # None: tracing off
 
     def fail(self, exc: BaseException) -> None:

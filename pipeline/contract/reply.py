@@ -41,6 +41,7 @@ class ReplyOutcome(TextEnum):
     BAD_HEADER = "bad-header"  # unreadable, repeated with other values, not a topic name
     UNKNOWN_TOPIC = "unknown-topic"  # under the prefix, but the broker does not have it
     UNKNOWN_PARTITION = "unknown-partition"  # the reply topic has no such partition
+    UNREACHABLE = "unreachable"  # honoured, then the broker refused it there (topic deleted): result topic
 
 
 @dataclass(frozen=True)

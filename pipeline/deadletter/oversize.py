@@ -77,6 +77,10 @@ class OversizeOutputs:
             self.on_claim_check(STORED if check.stored else NOT_KEPT)
         return self._fit(dead, check)
 
+    async def replace_all(self, slot: Slot[Outputs], outputs: Outputs, which: Callable[[OutRecord], bool]) -> Outputs:
+        """``outputs`` with those ``which`` selects replaced by claim-check dead letters."""
+        return tuple([await self.replace(o, slot, i) if which(o) else o for i, o in enumerate(outputs)])
+
     def _result_dead_letter(self, out: OutRecord) -> OutRecord:
         size = record_size(out.key, out.value, out.headers)
         reason = f"result of {size} bytes is over the record limit of {self.limits.max_record_bytes} bytes"

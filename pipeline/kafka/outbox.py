@@ -15,10 +15,11 @@ and those of partitions handed back meanwhile are dropped, for their new owner r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,6 +55,8 @@ class OutRecord:
     timestamp_ms: int | None = None
     """The record's timestamp; None: the producer's clock. A message for a next stage keeps
     its input's, so every stage of a topology sees the request's event time."""
+    unrouted: tuple[str, int | None] | None = None
+    """Set on a result sent to its reply topic: the topic and partition it was bound for."""
 
 
 Outputs = tuple[OutRecord, ...]
@@ -74,11 +77,17 @@ class OversizeHandler(Protocol):
 
     async def replace(self, out: OutRecord, slot: Slot[Outputs], index: int) -> OutRecord: ...
 
+    async def replace_all(self, slot: Slot[Outputs], outputs: Outputs, which: Callable[[OutRecord], bool]) -> Outputs:
+        """``outputs`` with those ``which`` selects replaced by claim-check dead letters."""
+        ...
+
 
 class ReplyRouting(Protocol):
     """Where a result asking for a reply topic goes (:class:`pipeline.kafka.replies.ReplyRouter`)."""
 
     async def route(self, out: OutRecord) -> OutRecord: ...
+
+    async def unroute(self, outputs: Outputs) -> Outputs: ...
 
 
 class Outbox:
@@ -98,8 +107,7 @@ class Outbox:
         self._replies = replies
         self._fence = LineFence(fence)
         self._oversize = oversize
-        # Slots whose oversized outputs are being claim-checked: not ready until done.
-        self._claiming: dict[Slot[Outputs], asyncio.Task[None]] = {}
+        self._claiming: dict[Slot[Outputs], asyncio.Task[None]] = {}  # oversized outputs in the S3 store
         self._resent: set[Slot[Outputs]] = set()
         self._consumer = consumer
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
@@ -137,7 +145,7 @@ class Outbox:
         """Replace the oversized outputs by claim-check dead letters, then make the slot ready."""
         assert self._oversize is not None
         try:
-            slot.output = await self._replaced(slot, outputs, self._oversize.too_large)
+            slot.output = await self._oversize.replace_all(slot, outputs, self._oversize.too_large)
         except Exception as exc:
             log.exception("claim check for %s@%d failed", slot.tp, slot.offset)
             self._failure = exc
@@ -204,9 +212,13 @@ class Outbox:
                 raise
             log.warning("output for %s@%d too large to send (%s): claim check", slot.tp, slot.offset, exc)
             out = await self._oversize.replace(out, slot, index)
-            assert slot.output is not None
-            slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
-            return await self._send_record(out)
+        except KafkaError:
+            if out.unrouted is None or self._replies is None:
+                raise
+            (out,) = await self._replies.unroute((out,))  # its reply topic is gone: the result topic
+        assert slot.output is not None
+        slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
+        return await self._send_record(out)
 
     async def _send_record(self, out: OutRecord) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = await self._producer.send(
@@ -220,9 +232,10 @@ class Outbox:
         if fut.cancelled():
             return
         exc = fut.exception()
-        if isinstance(exc, MessageSizeTooLargeError) and self._oversize is not None and slot not in self._resent:
+        again = self._again(exc, slot) if exc is not None and slot not in self._resent else None
+        if again is not None:
             self._resent.add(slot)
-            task = asyncio.create_task(self._resend_claim_checked(slot))
+            task = asyncio.create_task(self._resend(slot, again))
             self._senders.add(task)
             task.add_done_callback(self._senders.discard)
             return
@@ -234,26 +247,31 @@ class Outbox:
             return
         self._acknowledge(slot)
 
-    async def _resend_claim_checked(self, slot: Slot[Outputs]) -> None:
-        """The broker refused an output as too large (a topic made elsewhere with a smaller
-        ``max.message.bytes``): resend the slot's results and dead letters as claim checks
-        (now after later outputs of the partition; the commit still waits for them)."""
+    def _again(self, exc: BaseException, slot: Slot[Outputs]) -> Callable[[Outputs], Awaitable[Outputs]] | None:
+        """How to send a slot's outputs once more after the broker refused them (None: the
+        stage stops). Too large (a topic made elsewhere with a smaller ``max.message.bytes``):
+        as claim checks. At a reply topic deleted meanwhile (client gone): at the result topic."""
+        if isinstance(exc, MessageSizeTooLargeError) and (oversize := self._oversize) is not None:
+            return lambda outs: oversize.replace_all(slot, outs, lambda out: out.dead_letter or out.counts_as_result)
+        if self._replies is not None and any(out.unrouted is not None for out in slot.output or ()):
+            return self._replies.unroute
+        return None
+
+    async def _resend(self, slot: Slot[Outputs], again: Callable[[Outputs], Awaitable[Outputs]]) -> None:
+        """Send the slot's outputs again, as ``again`` makes them (now after later outputs of
+        the partition; the commit still waits for them), checkpoints after the rest."""
         assert slot.output is not None
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._delivery.add(done)
         try:
-            slot.output = await self._replaced(slot, slot.output, lambda out: out.dead_letter or out.counts_as_result)
-            await asyncio.gather(*[await self._send_record(out) for out in slot.output])
+            slot.output = await again(slot.output)
+            for part in ([o for o in slot.output if not o.after_acks], [o for o in slot.output if o.after_acks]):
+                await asyncio.gather(*[await self._send_record(out) for out in part])
         except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
             done.set_exception(exc)
         else:
             done.set_result(None)
         self._delivered(done, slot)
-
-    async def _replaced(self, slot: Slot[Outputs], outputs: Outputs, which: Callable[[OutRecord], bool]) -> Outputs:
-        """``outputs`` with those ``which`` selects replaced by claim-check dead letters."""
-        assert self._oversize is not None
-        return tuple([await self._oversize.replace(o, slot, i) if which(o) else o for i, o in enumerate(outputs)])
 
     def _acknowledge(self, slot: Slot[Outputs]) -> None:
         self._offsets.acknowledge(slot)
@@ -268,10 +286,8 @@ class Outbox:
         """Emit as outputs become ready and commit periodically, until ``stop``."""
         last_commit = time.monotonic()
         while not stop.is_set():
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=commit_interval_s)
-            except asyncio.TimeoutError:
-                pass
             self._changed.clear()
             await self.emit_ready()
             if time.monotonic() - last_commit >= commit_interval_s:

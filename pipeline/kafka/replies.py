@@ -25,7 +25,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from pipeline.contract.reply import ReplyOutcome, reply_route
-from pipeline.kafka.outbox import OutRecord
+from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.observability.metrics import PipelineMetrics
 
 log = logging.getLogger(__name__)
@@ -72,15 +72,31 @@ class ReplyRouter:
         if outcome is not ReplyOutcome.HONOURED:
             log.debug("reply-topic %r ignored (%s): result to %s", wanted.topic, outcome, out.topic)
             return out
-        return dataclasses.replace(out, topic=topic, partition=wanted.partition)
+        return dataclasses.replace(out, topic=topic, partition=wanted.partition, unrouted=(out.topic, out.partition))
+
+    async def unroute(self, outputs: Outputs) -> Outputs:
+        """The broker did not take these results at their reply topics (deleted since their
+        metadata was read: the client is gone): back to the result topic, and the topics
+        count as missing for :data:`NEGATIVE_TTL_S` (counted ``unreachable``)."""
+        back = []
+        for out in outputs:
+            if out.unrouted is None:
+                back.append(out)
+                continue
+            log.warning("reply topic %s did not take a result: sent to %s instead", out.topic, out.unrouted[0])
+            self._missing[out.topic] = time.monotonic() + NEGATIVE_TTL_S
+            self._count(ReplyOutcome.UNREACHABLE)
+            topic, partition = out.unrouted
+            back.append(dataclasses.replace(out, topic=topic, partition=partition, unrouted=None))
+        return tuple(back)
 
     async def _partitions(self, topic: str) -> set[int] | None:
+        until = self._missing.get(topic)
+        if until is not None and time.monotonic() < until:
+            return None  # before the cached metadata: a topic found gone may still be listed there
         known = self._producer.client.cluster.partitions_for_topic(topic)
         if known is not None:
             return set(known)
-        until = self._missing.get(topic)
-        if until is not None and time.monotonic() < until:
-            return None
         try:
             found = await asyncio.wait_for(self._producer.partitions_for(topic), LOOKUP_TIMEOUT_S)
         except (KafkaError, asyncio.TimeoutError):

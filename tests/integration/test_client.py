@@ -8,6 +8,7 @@ topics hold is read back with a plain consumer.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from pipeline.contract.reply import REPLY_TOPIC
 from pipeline.contract.request import encode_request
 from pipeline.settings import KafkaSettings
 from tests.helpers.dense_reference import mlp_reference, random_features
-from tests.helpers.kafka_io import collect, header
+from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.streams import AUDIO_STAGES, expected, utterance
 from tests.helpers.topology_process import pipeline_process, write_topology
 from tests.helpers.vad_reference import CHUNK
@@ -179,3 +180,47 @@ def test_audio_stream_session_yields_the_reference_probabilities(
     segments = [(float(r.outputs["start_s"][0]), float(r.outputs["end_s"][0])) for r in got["segment"]]
     np.testing.assert_allclose(segments, want.segments, atol=1e-9)
     assert len(got["summary"]) == 1
+
+
+def test_a_reply_topic_deleted_while_results_are_addressed_to_it_falls_back_to_the_result_topic(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A client gone with its reply topic (deleted on close) must not stop the result stage:
+    a result the broker can no longer take at the reply topic goes to the result topic,
+    counted ``unreachable``; the stage keeps serving everyone else."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topo = write_topology(tmp_path, partitions=1)
+    reply = f"{topo.result_topic}.reply.gone"
+    features = random_features(2, seed=17).reshape(2, 1, 16)
+
+    async def make_topic(create: bool) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            if create:
+                await admin.create_topics([NewTopic(reply, num_partitions=1, replication_factor=1)])
+            else:
+                await admin.delete_topics([reply])
+        finally:
+            await admin.close()
+
+    async def send(i: int) -> None:
+        record = encode_request({"features": features[i]}, correlation_id=f"gone-{i}")
+        await produce(kafka_bootstrap, topo.input_topic, [replace(record, headers=[*record.headers, (REPLY_TOPIC, reply.encode())])])
+
+    with pipeline_process(topo, cli_env, tmp_path) as worker:
+        asyncio.run(make_topic(create=True))
+        asyncio.run(send(0))
+        first = asyncio.run(collect(kafka_bootstrap, [reply], done=lambda rs: len(rs) >= 1, timeout=60))
+        assert [header(r, "correlation-id") for r in first.records] == ["gone-0"]
+        asyncio.run(make_topic(create=False))
+        asyncio.run(send(1))
+        out = asyncio.run(collect(kafka_bootstrap, [topo.result_topic], done=lambda rs: len(rs) >= 1, timeout=120))
+        assert [header(r, "correlation-id") for r in out.records] == ["gone-1"]
+        assert worker.proc is not None and worker.proc.poll() is None, worker.log()
+        fallbacks = sum(
+            worker.metric("pipeline_reply_routes_total", outcome=o) for o in ("unreachable", "unknown-topic")
+        )
+        assert fallbacks == 1
+        assert worker.terminate() == 0, worker.log()
