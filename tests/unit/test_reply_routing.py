@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from pipeline.client.waiters import Delivery, Waiters
 from pipeline.contract.records import DeadLetter
 from pipeline.contract.reply import ReplyOutcome, reply_headers, reply_prefix, reply_route
+from pipeline.kafka.outbox import OutRecord
+from pipeline.kafka.replies import ReplyRouter
 from pipeline.tools.decoding import Consumed, Kind
 from pipeline.tools.sources import audio_chunk
 
@@ -131,3 +134,25 @@ def test_audio_chunk_sets_the_sequence_flags_and_shape() -> None:
     last = audio_chunk(np.zeros((4, 2), np.int16), index=7, stream="s", end=True, sample_rate=8000, as_wav=True)
     assert last.datatypes == {"audio": "BYTES"} and last.inputs["audio"][0][:4] == b"RIFF"
     assert last.parameters["sequence_end"] is True and last.parameters["sequence_start"] is False
+
+
+def test_a_result_its_reply_topic_refused_goes_back_to_the_result_topic_and_the_topic_counts_as_missing() -> None:
+    """The broker refused a result at its reply topic (deleted: its client is gone). The
+    outbox hands it back (``unroute``): it goes to the result topic it was bound for, and
+    later results asking for that topic go there at once, before any metadata lookup.
+    (Real Kafka refuses a send to a deleted topic; Tansu, the suite's broker, creates it
+    again, so the integration tests cannot show it.)"""
+    counted: list[ReplyOutcome] = []
+    router = ReplyRouter(cast(Any, None), result_topic="t.results", prefix="t.results.reply.", on_outcome=counted.append)
+    reply = "t.results.reply.gone"
+    sent = OutRecord(topic=reply, key=b"k", value=b"v", headers=[], partition=0, unrouted=("t.results", None))
+    checkpoint = OutRecord(topic="t.state", key=b"k", value=b"s", headers=[], after_acks=True, counts_as_result=False)
+
+    back = asyncio.run(router.unroute((sent, checkpoint)))
+
+    assert back[0].topic == "t.results" and back[0].partition is None and back[0].unrouted is None
+    assert back[1] is checkpoint
+    assert counted == [ReplyOutcome.UNREACHABLE]
+    later = OutRecord(topic="t.results", key=b"k2", value=b"v2", headers=reply_headers(reply))
+    assert asyncio.run(router.route(later)) is later  # no producer needed: known missing
+    assert counted == [ReplyOutcome.UNREACHABLE, ReplyOutcome.UNKNOWN_TOPIC]
