@@ -129,11 +129,36 @@ async def _measure(target: Target, workload: Workload, plan: Plan) -> SweepResul
             await kafka.start()
             result = await run_sweep(plan, kafka.call, triton.call if triton else None, stop, progress)
             result.unmatched = kafka.unmatched
+            if result.steps:
+                progress("reading the stages' metrics snapshots")
+                await _read_stages(target, result)
             return result
     finally:
         await kafka.close()
         if triton is not None:
             await triton.close()
+
+
+async def _read_stages(target: Target, result: SweepResult) -> None:
+    """Give each step what the stages saw during it; a metrics topic that cannot be read
+    leaves them without (said once, in ``stages_unavailable``), never fails the benchmark."""
+    from pipeline.tools.bench.stages import read_snapshots
+
+    topology = target.topology
+    assert topology is not None
+    try:
+        log = await read_snapshots(
+            target.kafka(),
+            topology.metrics_topic,
+            topology.name,
+            topology.metrics_interval_s,
+            since_ms=result.steps[0].started_ms,
+        )
+    except Exception as e:  # noqa: BLE001 - any failure here only costs the stage columns
+        result.stages_unavailable = str(e) or type(e).__name__
+        return
+    for step in result.steps:
+        step.stages = log.step(step.started_ms, step.ended_ms)
 
 
 @contextmanager
@@ -147,9 +172,9 @@ def _progress() -> Iterator[Callable[[str], None]]:
 
 
 def _table(result: SweepResult, title: str) -> object:
-    from pipeline.tools.bench.report import sweep_table
+    from pipeline.tools.bench.report import sweep_tables
 
-    return sweep_table(result, title=title)
+    return sweep_tables(result, title=title)
 
 
 def _write(
@@ -171,6 +196,8 @@ def _write(
             "result_topic": target.topology.result_topic,
             "model": workload.model.name,
             "rows_per_request": workload.rows,
+            "metrics_topic": target.topology.metrics_topic,
+            "metrics_interval_s": target.topology.metrics_interval_s,
         }
         json_path.write_text(json.dumps(sweep_json(result, **about), indent=2))
         console_err.print(f"numbers written to {json_path}", highlight=False)

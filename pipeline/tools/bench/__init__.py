@@ -11,5 +11,7 @@ same requests, so the table shows what the pipeline adds.
 * :mod:`.load`: the load generator (closed loop at a concurrency, open loop at a rate);
 * :mod:`.verify`: what makes a result count (decodes, right id, outputs of the right shape);
 * :mod:`.kafka_path`, :mod:`.direct`: the two ways a request is made;
-* :mod:`.sweep`: runs the steps; :mod:`.report`, :mod:`.plot`: table, JSON, PNG.
+* :mod:`.sweep`: runs the steps; :mod:`.report`, :mod:`.plot`: table, JSON, PNG;
+* :mod:`.stages`: what the stages saw during each step, from their metrics snapshots
+  (read and merged with :mod:`pipeline.tools.top`'s modules).
 """

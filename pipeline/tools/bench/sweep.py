@@ -10,6 +10,7 @@ out, since a partial step's percentiles would mislead.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.tools.bench.load import Caller, run_step
 from pipeline.tools.bench.plan import Plan, Step
+from pipeline.tools.bench.stages import StepStages
 from pipeline.tools.bench.stats import StepStats
 
 
@@ -29,14 +31,22 @@ class StepResult:
     step: Step
     pipeline: StepStats
     direct: StepStats | None = None
+    started_ms: int = 0
+    ended_ms: int = 0
+    """Wall clock (as the metrics snapshots' timestamps) around the pipeline phase of the step."""
+    stages: StepStages | None = None
+    """What the stages saw during the pipeline phase (None: not read, see ``SweepResult``)."""
 
     def to_dict(self) -> dict[str, Any]:
+        stages = self.stages
         return {
             "step": self.step.label,
             "mode": str(self.step.mode),
             "level": self.step.level,
             "pipeline": self.pipeline.to_dict(),
             "direct_triton": None if self.direct is None else self.direct.to_dict(),
+            "stages": None if stages is None else stages.to_dict(),
+            "stages_note": "not read" if stages is None else stages.note,
         }
 
 
@@ -47,6 +57,8 @@ class SweepResult:
     interrupted: bool = False
     unmatched: int = 0
     """Answers read that no waiting request claimed (late after a timeout, a replayed duplicate, others')."""
+    stages_unavailable: str | None = None
+    """Why no step has stage numbers (the metrics topic could not be read), if so."""
 
     @property
     def errors(self) -> int:
@@ -79,12 +91,20 @@ async def run_sweep(
                 )
     for number, step in enumerate(plan.steps, 1):
         measured: list[StepStats] = []
+        wall_ms: list[int] = []
         for name, call in paths:
             progress(f"step {number}/{len(plan.steps)} {step.label}: {name}, {plan.duration_s:g} s")
+            wall_ms.append(_now_ms())
             stats = await run_step(call, step, plan.duration_s, stop)
+            wall_ms.append(_now_ms())
             if stats is None:
                 result.interrupted = True
                 return result
             measured.append(stats)
-        result.steps.append(StepResult(step, measured[0], measured[1] if len(measured) > 1 else None))
+        direct_stats = measured[1] if len(measured) > 1 else None
+        result.steps.append(StepResult(step, measured[0], direct_stats, started_ms=wall_ms[0], ended_ms=wall_ms[1]))
     return result
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.tools.top.histogram import quantile
 from pipeline.tools.top.snapshot import Snapshot
-from pipeline.tools.top.stage_totals import StageTotals, stage_totals
+from pipeline.tools.top.window import StageRow, Window, between, merge, since_start
+
+__all__ = ["STALE_INTERVALS", "Frame", "ProcessStatus", "SnapshotBook", "StageRow"]
 
 STALE_INTERVALS = 3
 
@@ -31,24 +32,6 @@ class ProcessStatus:
     age_s: float
     stale: bool
     stages: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class StageRow:
-    """One stage, over its live processes."""
-
-    stage: str
-    processes: int
-    rate: float | None
-    """Requests consumed per second over the window (None: no window yet)."""
-    totals: StageTotals
-    """Since each process started: requests, results, dead letters; lag and pending now."""
-    p50_s: float | None
-    p99_s: float | None
-    """End-to-end latency percentiles over the window (None: nothing finished in it)."""
-    mean_batch: float | None
-    triton_ms: float | None
-    """Mean duration of one Triton call over the window, in milliseconds."""
 
 
 @dataclass(frozen=True)
@@ -63,15 +46,6 @@ class Frame:
     @property
     def stale(self) -> tuple[ProcessStatus, ...]:
         return tuple(p for p in self.processes if p.stale)
-
-
-@dataclass(frozen=True)
-class _Window:
-    """One process's view of one stage: its totals now and what changed over ``seconds``."""
-
-    now: StageTotals
-    delta: StageTotals
-    seconds: float | None
 
 
 @dataclass
@@ -102,7 +76,7 @@ class SnapshotBook:
         """The per-stage rows as of ``now_ms`` (wall clock, as the snapshots' timestamps)."""
         stale_after_ms = STALE_INTERVALS * self.metrics_interval_s * 1000
         statuses = []
-        per_stage: dict[str, list[_Window]] = {}
+        per_stage: dict[str, list[Window]] = {}
         for process, latest in sorted(self._latest.items()):
             windows = self._windows(latest, self._previous.get(process))
             age_ms = max(0, now_ms - latest.timestamp_ms)
@@ -115,39 +89,12 @@ class SnapshotBook:
         return Frame(
             topology=self.topology,
             processes=tuple(statuses),
-            rows=tuple(_row(stage, windows) for stage, windows in sorted(per_stage.items())),
+            rows=tuple(merge(stage, windows) for stage, windows in sorted(per_stage.items())),
             newest_age_s=None if newest is None else max(0, now_ms - newest) / 1000,
             skipped=self.skipped,
         )
 
     @staticmethod
-    def _windows(latest: Snapshot, previous: Snapshot | None) -> dict[str, _Window]:
-        now = stage_totals(latest)
-        before = stage_totals(previous) if previous is not None else {}
-        from_start = previous is None or previous.start_time_ms() != latest.start_time_ms() or any(
-            totals.went_back(before[stage]) for stage, totals in now.items() if stage in before
-        )
-        if from_start:
-            start = latest.start_time_ms()
-            seconds = None if start is None else (latest.timestamp_ms - start) / 1000
-            return {stage: _Window(t, t, seconds) for stage, t in now.items()}
-        assert previous is not None
-        seconds = (latest.timestamp_ms - previous.timestamp_ms) / 1000
-        return {stage: _Window(t, t.minus(before.get(stage, StageTotals())), seconds) for stage, t in now.items()}
-
-
-def _row(stage: str, windows: list[_Window]) -> StageRow:
-    now = sum((w.now for w in windows), StageTotals())
-    delta = sum((w.delta for w in windows), StageTotals())
-    rates = [w.delta.requests / w.seconds for w in windows if w.seconds is not None and w.seconds > 0]
-    triton_s = delta.triton.value()
-    return StageRow(
-        stage=stage,
-        processes=len(windows),
-        rate=sum(rates) if rates else None,
-        totals=now,
-        p50_s=quantile(0.5, delta.latency),
-        p99_s=quantile(0.99, delta.latency),
-        mean_batch=delta.batch.value(),
-        triton_ms=None if triton_s is None else triton_s * 1000,
-    )
+    def _windows(latest: Snapshot, previous: Snapshot | None) -> dict[str, Window]:
+        windows = None if previous is None else between(previous, latest)
+        return since_start(latest) if windows is None else windows

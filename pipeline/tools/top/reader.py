@@ -1,4 +1,4 @@
-"""Read a topology's metrics topic into a :class:`~pipeline.tools.top.book.SnapshotBook`.
+"""Read a topology's metrics topic into a :class:`~pipeline.tools.top.book.SnapshotBook` (or any sink).
 
 A plain consumer with no group: it assigns itself every partition of the topic and
 commits nothing, so watching moves no offsets. It starts ``lookback_s`` back in
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
@@ -23,11 +24,17 @@ from pipeline.errors import ConfigError
 from pipeline.kafka.clients import make_consumer
 from pipeline.settings import KafkaSettings
 from pipeline.tools.connect import start_client
-from pipeline.tools.top.book import SnapshotBook
-from pipeline.tools.top.snapshot import parse_snapshot
+from pipeline.tools.top.snapshot import Snapshot, parse_snapshot
 
 CONNECT_TIMEOUT_S = 10.0
 _POLL_MS = 200
+
+
+class SnapshotSink(Protocol):
+    """Where parsed records go: ``pipeline top``'s :class:`~pipeline.tools.top.book.SnapshotBook`
+    keeps each process's last two, ``pipeline bench``'s log keeps them all; None = not a snapshot."""
+
+    def add(self, snapshot: Snapshot | None) -> None: ...
 
 
 @dataclass
@@ -65,7 +72,7 @@ class MetricsReader:
             await self._consumer.stop()
             self._consumer = None
 
-    async def catch_up(self, book: SnapshotBook, timeout_s: float) -> None:
+    async def catch_up(self, book: SnapshotSink, timeout_s: float) -> None:
         """Read until every partition's end as of now (or ``timeout_s``): the ``--once`` frame."""
         consumer = self._require()
         ends = await consumer.end_offsets(list(consumer.assignment()))
@@ -76,7 +83,7 @@ class MetricsReader:
                 return
             await self._fetch(book, _POLL_MS)
 
-    async def read_for(self, book: SnapshotBook, seconds: float, stop: asyncio.Event) -> None:
+    async def read_for(self, book: SnapshotSink, seconds: float, stop: asyncio.Event) -> None:
         """Read whatever arrives for ``seconds``, or until ``stop``."""
         deadline = time.monotonic() + seconds
         while not stop.is_set():
@@ -85,7 +92,7 @@ class MetricsReader:
                 return
             await self._fetch(book, max(1, min(_POLL_MS, int(remaining * 1000))))
 
-    async def _fetch(self, book: SnapshotBook, timeout_ms: int) -> None:
+    async def _fetch(self, book: SnapshotSink, timeout_ms: int) -> None:
         batches = await self._require().getmany(timeout_ms=timeout_ms)
         for records in batches.values():
             for record in records:
