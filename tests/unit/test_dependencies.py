@@ -31,6 +31,9 @@ LOADED_BY_ENTRY_POINT = {
 }
 """Runtime dependencies nothing imports by name: pipeline/observability/tracing.py loads them
 from this entry-point group, as OpenTelemetry's own auto-configuration does."""
+OPTIONAL_INTEGRATIONS = {"pipeline/client/faust.py": "faust"}
+"""Modules that may import their extra's distributions too: an integration with a framework
+the user installs (``pip install ...[faust]``); nothing else in the package imports them."""
 TEST_ONLY_MODULES = {"pipeline/audio/reference.py": "the tests' and benchmarks' numpy/scipy reference of DALI"}
 """Modules of the package that nothing in ``pipeline/`` or ``workers/`` imports (checked below)."""
 
@@ -55,10 +58,18 @@ def _core() -> set[str]:
     return {_requirement_name(spec) for spec in _project()["dependencies"]}  # type: ignore[attr-defined]
 
 
-def _runtime_allowed() -> set[str]:
+def _extra(name: str) -> set[str]:
     extras = _project()["optional-dependencies"]
     assert isinstance(extras, dict)
-    return _core() | {_requirement_name(spec) for extra in RUNTIME_EXTRAS for spec in extras[extra]}
+    return {_requirement_name(spec) for spec in extras[name]}
+
+
+def _runtime_allowed(importer: str | None = None) -> set[str]:
+    """What ``importer`` may import: the core and runtime extras, plus its own extra."""
+    allowed = _core().union(*(_extra(extra) for extra in RUNTIME_EXTRAS))
+    if importer in OPTIONAL_INTEGRATIONS:
+        allowed |= _extra(OPTIONAL_INTEGRATIONS[importer])
+    return allowed
 
 
 def _source_files() -> list[Path]:
@@ -120,11 +131,10 @@ def _runtime_imports() -> dict[str, set[str]]:
 
 
 def test_every_runtime_import_is_a_declared_dependency() -> None:
-    allowed = _runtime_allowed()
     undeclared = {
-        name: (sorted(distributions_of(name)), sorted(files))
+        name: (sorted(distributions_of(name)), sorted(outside))
         for name, files in _runtime_imports().items()
-        if not distributions_of(name) & allowed
+        if (outside := [f for f in files if not distributions_of(name) & _runtime_allowed(f)])
     }
     assert undeclared == {}, f"imported but not declared in pyproject.toml (name: (distributions, files)): {undeclared}"
 
@@ -145,5 +155,21 @@ def test_test_only_modules_are_not_imported_at_run_time() -> None:
         str(path.relative_to(REPO)): sorted(names & test_only)
         for path in _source_files()
         if (names := {n for name in _imported_names(path) for n in (name, name.rpartition(".")[0])}) & test_only
+    }
+    assert importers == {}, importers
+
+
+def test_optional_integrations_import_their_extra_and_nothing_imports_them() -> None:
+    """An integration's framework stays optional: its extra exists and declares what the
+    module imports, and no other module of the package imports the integration."""
+    for rel, extra in OPTIONAL_INTEGRATIONS.items():
+        assert (REPO / rel).is_file(), rel
+        frameworks = {d for name in _imported_names(REPO / rel) if _third_party(name) for d in distributions_of(name)}
+        assert frameworks & _extra(extra), f"{rel} imports nothing from the {extra!r} extra"
+    integrations = {rel.removesuffix(".py").replace("/", ".") for rel in OPTIONAL_INTEGRATIONS}
+    importers = {
+        str(path.relative_to(REPO)): sorted(names & integrations)
+        for path in _source_files()
+        if (names := {n for name in _imported_names(path) for n in (name, name.rpartition(".")[0])}) & integrations
     }
     assert importers == {}, importers
