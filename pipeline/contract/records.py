@@ -112,21 +112,27 @@ def source_position_headers(topic: str, partition: int, offset: int) -> h.Header
 
 def read_dead_letter(headers: h.HeaderPairs | None) -> DeadLetter:
     """Read the failure a dead-letter record describes (last occurrence of each header wins)."""
-    last: dict[str, str] = {}
-    for key, value in headers or ():
-        name = key.lower() if isinstance(key, str) else ""
-        if (
-            name in (h.ERROR_STAGE, h.ERROR_CLASS, h.ERROR_REASON, h.ERROR_TIME)
-            and value is not None
-        ):
-            last[name] = bytes(value).decode("utf-8", errors="replace")
-    time_text = last.get(h.ERROR_TIME, "")
+    last = _last_values(headers, (h.ERROR_STAGE, h.ERROR_CLASS, h.ERROR_REASON, h.ERROR_TIME))
     return DeadLetter(
         stage=last.get(h.ERROR_STAGE, ""),
         error_class=last.get(h.ERROR_CLASS, ""),
         reason=last.get(h.ERROR_REASON, ""),
-        time_ms=int(time_text) if time_text.isascii() and time_text.isdigit() else None,
+        time_ms=_int_or_none(last.get(h.ERROR_TIME)),
     )
+
+
+def _last_values(headers: h.HeaderPairs | None, names: tuple[str, ...]) -> dict[str, str]:
+    """The UTF-8 text (invalid bytes replaced) of the last occurrence of each of ``names``."""
+    last: dict[str, str] = {}
+    for key, value in headers or ():
+        name = key.lower() if isinstance(key, str) else ""
+        if name in names and value is not None:
+            last[name] = bytes(value).decode("utf-8", errors="replace")
+    return last
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
 
 
 # Claim checks: a dead letter too large for the dead-letter topic keeps its payload in
@@ -171,11 +177,7 @@ def claim_check_headers(headers: h.HeaderPairs | None, check: ClaimCheck) -> h.H
 
 def read_claim_check(headers: h.HeaderPairs | None) -> ClaimCheck | None:
     """The claim check a dead-letter record carries (last occurrence wins), or None."""
-    last: dict[str, str] = {}
-    for key, value in headers or ():
-        name = key.lower() if isinstance(key, str) else ""
-        if name in CLAIM_CHECK_HEADERS and value is not None:
-            last[name] = bytes(value).decode("utf-8", errors="replace")
+    last = _last_values(headers, CLAIM_CHECK_HEADERS)
     if CLAIM_CHECK_STATUS not in last:
         return None
     size = last.get(CLAIM_CHECK_SIZE, "")
@@ -209,19 +211,6 @@ class SourcePosition:
     topic: str
     partition: int | None
     offset: int | None
-
-
-def _last_values(headers: h.HeaderPairs | None, names: tuple[str, ...]) -> dict[str, str]:
-    last: dict[str, str] = {}
-    for key, value in headers or ():
-        name = key.lower() if isinstance(key, str) else ""
-        if name in names and value is not None:
-            last[name] = bytes(value).decode("utf-8", errors="replace")
-    return last
-
-
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isascii() and text.isdigit() else None
 
 
 def read_source(headers: h.HeaderPairs | None) -> SourcePosition | None:

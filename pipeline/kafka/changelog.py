@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.clients import make_consumer
+from pipeline.kafka.to_end import ReadToEnd
 from pipeline.settings import KafkaSettings
 
 
@@ -29,30 +29,16 @@ async def read_changelog(
     await consumer.start()
     try:
         consumer.assign(wanted)
-        end = await consumer.end_offsets(wanted)
+        reader = await ReadToEnd.now(consumer, wanted)
         await consumer.seek_to_beginning(*wanted)
-        # Read to the end offsets, then on until a fetch comes back empty: some brokers
-        # (Tansu) report the end as the last batch's base offset + 1, and the rest of that
-        # batch must not be missed.
-        while True:
-            batch = await consumer.getmany(*wanted, timeout_ms=200)
-            for tp, records in batch.items():
-                table = latest[tp.partition]
-                for record in records:
-                    key = record.key or b""
-                    if record.value is None:
-                        table.pop(key, None)
-                    else:
-                        table[key] = record.value
-            if not batch and not await _behind(consumer, wanted, end):
-                break
+        async for tp, records in reader.batches():
+            table = latest[tp.partition]
+            for record in records:
+                key = record.key or b""
+                if record.value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = record.value
     finally:
         await consumer.stop()
     return latest
-
-
-async def _behind(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], end: dict[TopicPartition, int]) -> bool:
-    for tp in partitions:
-        if await consumer.position(tp) < end[tp]:
-            return True
-    return False

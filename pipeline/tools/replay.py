@@ -37,13 +37,13 @@ from pipeline.contract.records import read_replay_count, read_source, replayed_h
 from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.errors import ConfigError
 from pipeline.kafka.clients import RecordLimits, make_consumer, make_producer
+from pipeline.kafka.to_end import ReadToEnd
 from pipeline.settings import KafkaSettings, S3Settings
 from pipeline.tools.connect import start_client
 from pipeline.tools.pacing import Pacer
 from pipeline.tools.replay_rules import Letter, Plan, ReplayRules, Verdict
 
 CONNECT_TIMEOUT_S = 10.0
-_POLL_MS = 200
 
 
 class Outcome(TextEnum):
@@ -149,18 +149,19 @@ class _Replayer:
         self._store: ClaimCheckStore | None = None
         self._next: dict[TopicPartition, int] = {}  # past the last record handled, per partition
         self._first_failed: dict[TopicPartition, int] = {}
+        self._first: dict[TopicPartition, int] = {}  # where this run started, per partition
         self._pending: set[asyncio.Future[object]] = set()
 
     async def run(self, stop: asyncio.Event | None) -> ReplayReport:
         consumer = make_consumer(self.settings, group_id=self.options.group, limits=self.limits)
         await start_client(consumer, self.settings, self.options.connect_timeout_s)
         try:
-            ends = await self._assign(consumer)
-            if not self.options.dry_run and any(self._next[tp] < end for tp, end in ends.items()):
+            reader = await self._assign(consumer)
+            if not self.options.dry_run and any(self._next[tp] < end for tp, end in reader.ends.items()):
                 self.producer = make_producer(self.settings, limits=self.limits)
                 await start_client(self.producer, self.settings, self.options.connect_timeout_s)
             try:
-                await self._read(consumer, ends, stop)
+                await self._read(reader, stop)
                 if self.producer is not None:
                     await self.producer.flush()
                 if self._pending:
@@ -176,8 +177,8 @@ class _Replayer:
             self.on_progress(self.report)
         return self.report
 
-    async def _assign(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
-        """Every partition of the topic, positioned at its start; their end offsets now."""
+    async def _assign(self, consumer: AIOKafkaConsumer) -> ReadToEnd:
+        """Every partition of the topic, positioned at its start, to be read to its end as of now."""
         await consumer.topics()  # fetches the cluster's metadata
         numbers = consumer.partitions_for_topic(self.topic)
         if not numbers:
@@ -189,43 +190,32 @@ class _Replayer:
             committed = await consumer.committed(tp) if self.options.group is not None else None
             self._next[tp] = max(committed, starts[tp]) if committed is not None else starts[tp]
             consumer.seek(tp, self._next[tp])
-        ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
-        self.report.to_read = sum(max(0, ends[tp] - self._next[tp]) for tp in partitions)
-        return ends
+        reader = await ReadToEnd.now(consumer, partitions)
+        self._first = dict(self._next)
+        self._count_to_read(reader)
+        return reader
 
-    async def _read(
-        self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], stop: asyncio.Event | None
-    ) -> None:
-        open_parts = {tp for tp, end in ends.items() if self._next[tp] < end}
-        fetched: set[TopicPartition] = set()
-        while open_parts:
-            if stop is not None and stop.is_set():
-                self.report.interrupted = True
-                return
-            batches = await consumer.getmany(*open_parts, timeout_ms=_POLL_MS)
-            for tp, records in batches.items():
-                if tp not in fetched:
-                    # Some brokers (Tansu) answer ListOffsets with the last batch's base
-                    # offset + 1; the first fetch's high watermark is the true end.
-                    fetched.add(tp)
-                    high = consumer.highwater(tp)
-                    if high is not None and high > ends[tp]:
-                        self.report.to_read += high - ends[tp]
-                        ends[tp] = high
-                for record in records:
-                    if tp not in open_parts or record.offset >= ends[tp]:
-                        open_parts.discard(tp)
-                        break
-                    await self._handle(tp, Letter.of(record))
-                    self._next[tp] = record.offset + 1
-                    if self._next[tp] >= ends[tp]:
-                        open_parts.discard(tp)
-                    if self.options.limit is not None and self.report.selected >= self.options.limit:
-                        return
-            for tp in list(open_parts):  # compacted or transaction markers: the position moves on
-                if await consumer.position(tp) >= ends[tp]:
-                    self._next[tp] = max(self._next[tp], ends[tp])
-                    open_parts.discard(tp)
+    def _count_to_read(self, reader: ReadToEnd) -> None:
+        self.report.to_read = sum(max(0, end - self._first[tp]) for tp, end in reader.ends.items())
+
+    async def _read(self, reader: ReadToEnd, stop: asyncio.Event | None) -> None:
+        async for tp, records in reader.batches(stop=stop):
+            self._count_to_read(reader)  # the first fetch may move an end (see ReadToEnd)
+            for record in records:
+                if record.offset >= reader.ends[tp]:
+                    break  # written after this run started: the next run's
+                if stop is not None and stop.is_set():
+                    self.report.interrupted = True
+                    return
+                await self._handle(tp, Letter.of(record))
+                self._next[tp] = record.offset + 1
+                if self.options.limit is not None and self.report.selected >= self.options.limit:
+                    return
+        if stop is not None and stop.is_set():
+            self.report.interrupted = True
+            return
+        for tp in reader.done:  # compacted or transaction markers: the position moved on
+            self._next[tp] = max(self._next[tp], reader.ends[tp])
 
     async def _handle(self, tp: TopicPartition, letter: Letter) -> None:
         self.report.read += 1

@@ -13,6 +13,7 @@ Apache Kafka answers no offset; both mean "nothing that recent": start at the en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,6 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.errors import ConfigError
 from pipeline.kafka.clients import make_consumer
+from pipeline.kafka.to_end import ReadToEnd
 from pipeline.settings import KafkaSettings
 from pipeline.tools.connect import start_client
 from pipeline.tools.top.snapshot import Snapshot, parse_snapshot
@@ -75,13 +77,15 @@ class MetricsReader:
     async def catch_up(self, book: SnapshotSink, timeout_s: float) -> None:
         """Read until every partition's end as of now (or ``timeout_s``): the ``--once`` frame."""
         consumer = self._require()
-        ends = await consumer.end_offsets(list(consumer.assignment()))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            positions = {tp: await consumer.position(tp) for tp in ends}
-            if all(positions[tp] >= end for tp, end in ends.items()):
-                return
-            await self._fetch(book, _POLL_MS)
+        reader = await ReadToEnd.now(consumer, consumer.assignment())
+
+        async def read() -> None:
+            async for _, records in reader.batches(_POLL_MS):
+                for record in records:
+                    book.add(parse_snapshot(record.value))
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(read(), timeout_s)
 
     async def read_for(self, book: SnapshotSink, seconds: float, stop: asyncio.Event) -> None:
         """Read whatever arrives for ``seconds``, or until ``stop``."""
