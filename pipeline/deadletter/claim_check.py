@@ -40,6 +40,10 @@ CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 20.0
 
 
+VALUE_OBJECT = "value"  # the exact value bytes
+MANIFEST_OBJECT = "record.json"  # beside it: key and headers
+
+
 @dataclass(frozen=True)
 class ClaimName:
     """Which consumed record (and which of its outputs) a claim check belongs to."""
@@ -56,11 +60,11 @@ class ClaimName:
 
     @property
     def value_key(self) -> str:
-        return f"{self.base}/value"
+        return f"{self.base}/{VALUE_OBJECT}"
 
     @property
     def record_key(self) -> str:
-        return f"{self.base}/record.json"
+        return f"{self.base}/{MANIFEST_OBJECT}"
 
 
 def digest(value: bytes | None) -> str:
@@ -103,8 +107,7 @@ class StoredRecord:
 
 def manifest_key(value_key: str) -> str:
     """``<base>/value`` -> ``<base>/record.json``: the manifest beside a stored value."""
-    base = value_key.removesuffix("/value")
-    return f"{base}/record.json"
+    return f"{value_key.removesuffix('/' + VALUE_OBJECT)}/{MANIFEST_OBJECT}"
 
 
 def parse_manifest(data: bytes) -> tuple[bytes | None, list[tuple[str, bytes | None]]]:
