@@ -221,7 +221,9 @@ class StreamStage(abc.ABC):
             await self._producer.send(r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition)
             for r in records
         ]
-        await asyncio.gather(*futures)
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)  # all retrieved: none "never retrieved"
+        if failed := [r for r in outcomes if isinstance(r, BaseException)]:
+            raise failed[0]
         for record in records:
             self.outcomes.acknowledged(record)
 
