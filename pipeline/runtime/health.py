@@ -26,7 +26,6 @@ workers on one machine).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from aiohttp import web
@@ -84,9 +83,9 @@ class HealthServer:
                 f"cannot serve /livez, /readyz and /metrics on {self._host}:{self._port}: {exc.strerror or exc}"
                 " (choose another with --http-port, or 0 for any free port)"
             ) from exc
-        server = site._server
-        assert isinstance(server, asyncio.base_events.Server) and server.sockets
-        self.port = int(server.sockets[0].getsockname()[1])
+        sockets = getattr(site._server, "sockets", None)  # asyncio's or uvloop's Server
+        assert sockets, "the health server has no listening socket"
+        self.port = int(sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:
