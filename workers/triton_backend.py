@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
@@ -49,8 +49,9 @@ from pipeline.failure_policy import Failure
 from pipeline.observability.tracing import CallSpan, grpc_metadata
 from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
-from pipeline.triton.client import aio_client, triton_call_span
+from pipeline.triton.client import aio_client, grpc_target, triton_call_span
 from pipeline.triton.failures import TritonFailureClassifier
+from pipeline.triton.shared_memory import RegionPool, SharedMemoryOptions, message_infer, output_specs
 from workers.backend import BatchOutput
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,15 @@ class TritonModelBackend:
     """Serve batches with one Triton model over gRPC (``tritonclient.grpc.aio``)."""
 
     def __init__(
-        self, settings: TritonSettings, model: str, model_version: str = "", *, call_timeout_s: float = 30.0
+        self,
+        settings: TritonSettings,
+        model: str,
+        model_version: str = "",
+        *,
+        call_timeout_s: float = 30.0,
+        shared_memory: SharedMemoryOptions = SharedMemoryOptions(),
+        stage: str = "",
+        count_shared_memory: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         self.settings, self.model, self.model_version = settings, model, model_version
         self.name = model
@@ -73,6 +82,9 @@ class TritonModelBackend:
         self._serving: str | None = None
         self._serving_since = 0.0
         self._refresh: asyncio.Task[None] | None = None
+        # Large tensors through Triton system shared memory (pipeline/triton/shared_memory.py).
+        self._shm_options, self._stage, self._count_shm = shared_memory, stage or model, count_shared_memory
+        self._shm: RegionPool | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self) -> int:
@@ -84,12 +96,18 @@ class TritonModelBackend:
         self._classifier = TritonFailureClassifier(
             self._client, self.model, self.model_version, probe_timeout_s=min(2.0, self.call_timeout_s)
         )
+        if self._shm_options.mode != "off":
+            pool = RegionPool(self._client, self._stage, self._shm_options, self._count_shm)
+            if await pool.start(grpc_target(self.settings.grpc_url)[0]):
+                self._shm = pool
         return self.description.max_batch_size
 
     async def close(self) -> None:
         if self._refresh is not None and not self._refresh.done():
             self._refresh.cancel()
             await asyncio.gather(self._refresh, return_exceptions=True)
+        if self._shm is not None:
+            await self._shm.close()
         if self._client is not None:
             await self._client.close()
 
@@ -143,44 +161,50 @@ class TritonModelBackend:
         assert self._client is not None and self.description is not None
         description = self.description  # this batch's, even if a reload swaps it meanwhile
         first = requests[0]
-        inputs = []
+        tensors = {}
         for name, datatype in first.datatypes.items():
             parts = [request.inputs[name] for request in requests]
-            data = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-            tensor = InferInput(name, list(data.shape), datatype)
-            tensor.set_data_from_numpy(data)
-            inputs.append(tensor)
+            tensors[name] = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0), datatype)
         names = list(first.requested_outputs) or [o.name for o in description.outputs]
+        sent_rows = sum(self.rows(request) for request in requests)
+        shapes = [(n, description.output(n).datatype, description.output(n).shape) for n in names]
+        outputs = output_specs(shapes, sent_rows if description.batching else None)
+        client = self._client
+
+        async def call(inputs: list[InferInput], requested: list[InferRequestedOutput]) -> triton_aio.InferResult:
+            return await client.infer(
+                self.model,
+                inputs,
+                model_version=first.model_version or self.model_version,
+                outputs=requested,
+                priority=first.priority or 0,
+                timeout=first.timeout_us,
+                client_timeout=call_timeout(requests, self.call_timeout_s),
+                headers=grpc_metadata(),  # W3C trace context: Triton continues it when its tracing is on
+            )
+
         sent = time.monotonic()
-        response = await self._client.infer(
-            self.model,
-            inputs,
-            model_version=first.model_version or self.model_version,
-            outputs=[InferRequestedOutput(name) for name in names],
-            priority=first.priority or 0,
-            timeout=first.timeout_us,
-            client_timeout=call_timeout(requests, self.call_timeout_s),
-            headers=grpc_metadata(),  # W3C trace context: Triton continues it when its tracing is on
+        pool = self._shm
+        response, arrays = await (
+            pool.infer(tensors, outputs, call) if pool is not None else message_infer(tensors, outputs, call)
         )
         result = response.get_response()
         if not first.model_version:
             self._observe_version(result.model_version, sent)
-        arrays: dict[str, np.ndarray] = {name: response.as_numpy(name) for name in names}
-        sent_rows = sum(self.rows(request) for request in requests)
         for name, array in arrays.items():
             if array is None or (description.batching and (array.ndim == 0 or array.shape[0] != sent_rows)):
                 shape = None if array is None else list(array.shape)
                 raise OutputMismatch(f"model {self.model} returned {name} {shape} for {sent_rows} rows sent")
-        outputs: list[dict[str, np.ndarray]] = []
+        split: list[dict[str, np.ndarray]] = []
         offset = 0
         for request in requests:
             rows = self.rows(request)
             if description.batching:
-                outputs.append({n: a[offset : offset + rows] for n, a in arrays.items()})
+                split.append({n: a[offset : offset + rows] for n, a in arrays.items() if a is not None})
             else:
-                outputs.append(arrays)
+                split.append({n: a for n, a in arrays.items() if a is not None})
             offset += rows
-        return BatchOutput(outputs, result.model_name, result.model_version)
+        return BatchOutput(split, result.model_name, result.model_version)
 
     # ------------------------------------------------------------------ versions
     def _observe_version(self, version: str, sent: float) -> None:

@@ -61,6 +61,12 @@ class PipelineMetrics:
         self.triton_retries = counter(
             "pipeline_triton_retries_total", "Triton calls retried after UNAVAILABLE or a timeout."
         )
+        self.triton_shared_memory = counter(
+            "pipeline_triton_shared_memory_total",
+            "Triton calls with tensors in system shared memory, by outcome: shm (sent so), "
+            "fallback (refused or no region: sent inside the gRPC message), reregistered.",
+            "outcome",
+        )
         self.batch_size = histogram(_BATCH_BUCKETS, "pipeline_batch_size", "Rows per Triton call.")
         self.queue_delay = histogram(
             _LATENCY_BUCKETS,

@@ -30,6 +30,7 @@ from pipeline.topology.model import (
     StatelessStageConfig,
     Topology,
 )
+from pipeline.triton.shared_memory import SharedMemoryOptions
 from workers.base import StageIO, StreamStage
 from workers.dali import DaliAudioBackend, DaliSettings
 from workers.join import JoinSettings, JoinStage
@@ -56,7 +57,13 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
     return BatchingStage(
         ctx.io,
         TritonModelBackend(
-            ctx.endpoints.triton, config.model, config.model_version, call_timeout_s=config.call_timeout_s
+            ctx.endpoints.triton,
+            config.model,
+            config.model_version,
+            call_timeout_s=config.call_timeout_s,
+            shared_memory=SharedMemoryOptions(**config.shared_memory.model_dump()),
+            stage=ctx.io.stage,
+            count_shared_memory=lambda outcome: ctx.metrics.triton_shared_memory.labels(ctx.io.stage, outcome).inc(),
         ),
         batching_settings(config),
         kafka=ctx.endpoints.kafka,

@@ -40,6 +40,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
+from pipeline.topology.shared_memory import SharedMemoryConfig
 
 # --------------------------------------------------------------------------- scalar types
 
@@ -279,6 +280,8 @@ class StatelessStageConfig(_StageBase):
     call_timeout_s: PositiveFloat = 30.0
     """Client-side bound on one Triton call (the request's own deadline when earlier); a call
     that times out while Triton does not answer its readiness probe is an outage (waits)."""
+    shared_memory: SharedMemoryConfig = Field(default_factory=SharedMemoryConfig)
+    """Large tensors through Triton's system shared memory when Triton runs on this host."""
 
 
 class DaliStageConfig(_StageBase):

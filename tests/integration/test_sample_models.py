@@ -60,6 +60,19 @@ def test_dense_classifier_batch(triton_grpc_url: str) -> None:
     np.testing.assert_allclose(logits, _mlp_reference(features), rtol=1e-5, atol=1e-6)
 
 
+def test_big_sum_batch(triton_grpc_url: str) -> None:
+    """big_sum (the shared-memory model): stats of each 1 MiB row in float64, the row doubled."""
+    samples = np.random.default_rng(3).standard_normal((2, 262_144)).astype(np.float32)
+    inp = grpcclient.InferInput("samples", list(samples.shape), "FP32")
+    inp.set_data_from_numpy(samples)
+    with sync_client(TritonSettings(grpc_url=triton_grpc_url)) as client:
+        result = client.infer("big_sum", [inp])
+    wide = samples.astype(np.float64)
+    expected = np.stack([wide.sum(1), wide.min(1), wide.max(1), wide.mean(1)], axis=1).astype(np.float32)
+    np.testing.assert_array_equal(result.as_numpy("stats"), expected)
+    np.testing.assert_array_equal(result.as_numpy("doubled"), samples * np.float32(2))
+
+
 @pytest.mark.triton
 async def test_dense_classifier_concurrent_batch1(triton_grpc_url: str) -> None:
     """Many concurrent batch-1 requests: the dynamic batcher merges them, each answer stays its own."""
