@@ -39,10 +39,12 @@ from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
 from pipeline.settings import KafkaSettings
+from pipeline.topology.lanes import Lane
 from workers.dead_letters import dead_letter_of
 from workers.fencing import StageFence
 from workers.flow_control import FlowControl
 from workers.lag import ConsumerLag
+from workers.lanes import LaneScheduler
 from workers.outcomes import StageOutcomes
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ class StageIO:
     """True when the output feeds another stage: outputs are encoded as its requests."""
     more_input_topics: tuple[str, ...] = ()
     """Joins read several co-partitioned topics; partition p of each goes to one worker."""
+    lanes: tuple[Lane, ...] = ()
+    """Priority lanes, highest first, the last one ``input_topic`` (:mod:`workers.lanes`)."""
     limits: RecordLimits = field(default_factory=RecordLimits)
     """Record sizes the clients handle (from the topology's largest accepted request)."""
     claim_checks: ClaimCheckStore | None = None
@@ -84,7 +88,8 @@ class StageIO:
 
     @property
     def input_topics(self) -> list[str]:
-        return [self.input_topic, *self.more_input_topics]
+        lanes = [lane.topic for lane in self.lanes if lane.topic != self.input_topic]
+        return [self.input_topic, *self.more_input_topics, *lanes]
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -137,6 +142,7 @@ class StreamStage(abc.ABC):
         self.fence = StageFence()
         self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])  # no crash loop
         self._traces = stage_tracer(io.stage, io.group_id)  # None: tracing off
+        self._lanes = LaneScheduler(io.stage, io.lanes, metrics) if io.lanes else None
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""
@@ -292,6 +298,8 @@ class StreamStage(abc.ABC):
             if await self.fence.held():
                 continue  # maybe a zombie: handle nothing, decide nothing, until the coordinator answers
             room = self._flow.update(consumer, self.outbox.pending(), self.outbox.pending_bytes())
+            if self._lanes is not None:
+                await self._lanes.apply(consumer, self._owned, self._flow.paused)
             # Poll even while paused: it keeps the group membership alive (max.poll.interval).
             batch = await self._fetch.getmany(
                 consumer,
@@ -307,6 +315,8 @@ class StreamStage(abc.ABC):
                         break  # revoked while we were handling this batch (even if assigned again)
                     slot = self.outbox.track(record, self._traces)
                     self.outcomes.consumed()
+                    if self._lanes is not None:
+                        self._lanes.consumed(tp)
                     self.passing(record)
                     if isinstance(record, UnreadableRecord):
                         self.metrics.unreadable_records.labels(stage, record.cause).inc()

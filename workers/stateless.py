@@ -44,6 +44,7 @@ from pipeline.settings import KafkaSettings
 from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
+from workers.lanes import lane_priority
 from workers.routing import TensorRouting
 
 log = logging.getLogger(__name__)
@@ -151,13 +152,16 @@ class BatchingStage(StreamStage):
             self._dispatch(batch)
 
     def _with_defaults(self, request: InferenceRequest, record: ConsumedRecord) -> InferenceRequest:
-        """Apply the stage's default deadline (from the record's timestamp), priority and timeout."""
+        """Apply the stage's default deadline (from the record's timestamp), priority (its
+        lane's, else the stage's) and timeout."""
         s = self.settings
         changes: dict[str, Any] = {}
+        lane = lane_priority(self.io.lanes, record.topic)
+        priority = lane if lane is not None else s.default_priority
         if request.deadline_ms is None and s.default_deadline_ms is not None and record.timestamp > 0:
             changes["deadline_ms"] = record.timestamp + s.default_deadline_ms
-        if request.priority is None and s.default_priority is not None:
-            changes["priority"] = s.default_priority
+        if request.priority is None and priority is not None:
+            changes["priority"] = priority
         if request.timeout_us is None and s.default_timeout_ms is not None:
             changes["timeout_us"] = s.default_timeout_ms * 1000
         return replace(request, **changes) if changes else request

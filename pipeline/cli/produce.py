@@ -48,6 +48,10 @@ def produce(
         Path | None, typer.Option("--topology", help="Topology file: its input topic and first stage's model.")
     ] = None,
     topic: Annotated[str | None, typer.Option("--topic", help="Topic to write to (overrides the topology's).")] = None,
+    lane: Annotated[
+        str | None,
+        typer.Option("--lane", help="Priority lane of the topology to write to (default: its input_topic)."),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option("--model", help="Model whose Triton metadata shapes --random/--npy (overrides the topology's)."),
@@ -130,12 +134,12 @@ def produce(
             + (f" (got {', '.join(chosen)})" if chosen else "")
         )
     if audio_file is not None:
-        _produce_audio(topology, topic, audio_file, chunk_ms, speed, chunk_wav, key, wire_format)
+        _produce_audio(topology, topic, lane, audio_file, chunk_ms, speed, chunk_wav, key, wire_format)
         return
     if keep_ids and json_file is None:
         raise ConfigError("--keep-ids applies to --json files only")
     target = Target.load(topology, model=model)
-    destination = target.input_topic(topic)
+    destination = target.input_topic(topic, lane)
     kafka = target.kafka()
     templates, default_count = _templates(
         chosen[0], target, json_file or npy_file or wav_file, input_name, length, seed
@@ -161,6 +165,7 @@ def produce(
 def _produce_audio(
     topology: Path | None,
     topic: str | None,
+    lane: str | None,
     path: Path,
     chunk_ms: float,
     speed: float,
@@ -180,7 +185,7 @@ def _produce_audio(
     stream = key or f"{path.stem}-{secrets.token_hex(3)}"
     templates, plan = audio_stream_requests(path, chunk_ms=chunk_ms, stream=stream, as_wav=as_wav)
     target = Target.load(topology, model=None)
-    destination = target.input_topic(topic)
+    destination = target.input_topic(topic, lane)
     form = WireForm(wire_format.value) if wire_format is not None else WireForm.PROTOBUF
     builder = RecordBuilder(RecordOptions(form=form, id_prefix=f"{stream}/", key=stream))
     rate = speed * 1000 / plan.chunk_ms if speed > 0 else 0.0

@@ -127,6 +127,12 @@ def _print_summary(topology: Topology) -> None:
             f"group {topology.group_id(stage.name)}"
         )
         console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    if lanes := topology.resolved_lanes():
+        order = " > ".join(
+            f"{lane.name} ({lane.topic}" + (f", priority {lane.priority})" if lane.priority is not None else ")")
+            for lane in lanes
+        )
+        console.print(f"lanes, read highest first: {escape(order)}", highlight=False, soft_wrap=True)
     console.print(
         f"topics: {escape(', '.join(topology.topics()))}", highlight=False, soft_wrap=True
     )

@@ -160,12 +160,15 @@ class Client:
         parameters: Mapping[str, bool | int | float | str] | None = None,
         requested_outputs: Sequence[str] = (),
         priority: int | None = None,
+        lane: str | None = None,
     ) -> InferResult:
-        """One request, its result. Raises :class:`RequestDeadLettered` (error class, reason,
+        """One request, its result, sent to ``lane``'s topic (None: the input topic; an unknown
+        lane raises :class:`~pipeline.errors.ConfigError` naming the lanes). Raises :class:`RequestDeadLettered` (error class, reason,
         stage) or, after ``timeout`` s, :class:`RequestTimedOut` (its reply, when it comes,
         is discarded and counted in ``stats.late``)."""
         timeout_s = self.options.timeout if timeout == "default" else timeout
         assert not isinstance(timeout_s, str)
+        topic = self.endpoint.lane_topic(lane)
         cid = correlation_id or self.next_id()
         record = encode_request(
             self._named(inputs), correlation_id=cid, form=self.options.form, datatypes=datatypes,
@@ -173,13 +176,16 @@ class Client:
             deadline_ms=None if timeout_s is None else now_ms() + math.ceil(timeout_s * 1000),
             extra_headers=self._reply_headers,
         )
-        return await self.call(record, cid, timeout_s)
+        return await self.call(record, cid, timeout_s, topic=topic)
 
-    async def call(self, record: Record, correlation_id: str, timeout_s: float | None) -> InferResult:
-        """Send an encoded request and wait for its outcome (``infer`` and streams use it)."""
+    async def call(
+        self, record: Record, correlation_id: str, timeout_s: float | None, *, topic: str | None = None
+    ) -> InferResult:
+        """Send an encoded request (to ``topic``, default the input topic) and wait for its
+        outcome (``infer`` and streams use it)."""
         future = self._waiters.expect(correlation_id)
         try:
-            consumed = await asyncio.wait_for(self._round_trip(record, future), timeout_s)
+            consumed = await asyncio.wait_for(self._round_trip(record, future, topic), timeout_s)
         except asyncio.TimeoutError:
             self._waiters.give_up(correlation_id, timed_out=True)
             raise RequestTimedOut(correlation_id, timeout_s or 0.0) from None
@@ -188,18 +194,18 @@ class Client:
             raise
         return outcome(consumed)
 
-    async def send(self, record: Record) -> None:
-        """Produce ``record`` to the input topic and wait for the broker's acknowledgement."""
+    async def send(self, record: Record, topic: str | None = None) -> None:
+        """Produce ``record`` to ``topic`` (default the input topic) and wait for the broker's acknowledgement."""
         if self._producer is None:
             raise ClientClosed("the client is not started: use 'async with Client(...)' or await start()")
         delivery = await self._producer.send(
-            self.endpoint.input_topic, record.value, key=record.key, headers=record.headers
+            topic or self.endpoint.input_topic, record.value, key=record.key, headers=record.headers
         )
         self._waiters.stats.sent += 1  # handed to the producer: from here it may be answered
         await delivery
 
-    async def _round_trip(self, record: Record, future: asyncio.Future[Consumed]) -> Consumed:
-        await self.send(record)
+    async def _round_trip(self, record: Record, future: asyncio.Future[Consumed], topic: str | None) -> Consumed:
+        await self.send(record, topic)
         return await future
 
     async def infer_many(
@@ -209,16 +215,18 @@ class Client:
         max_in_flight: int = 64,
         timeout: float | Literal["default"] | None = "default",
         return_exceptions: bool = False,
+        lane: str | None = None,
     ) -> AsyncIterator[InferResult | ClientError]:
-        """Results in input order, with at most ``max_in_flight`` requests outstanding.
+        """Results in input order, with at most ``max_in_flight`` requests outstanding, sent to ``lane``.
         A failed call raises (the rest are cancelled), or with ``return_exceptions`` is
         yielded in its place as its :class:`ClientError`."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        self.endpoint.lane_topic(lane)  # an unknown lane fails here, before anything is sent
         window: collections.deque[asyncio.Task[InferResult]] = collections.deque()
         try:
             async for item in _aiter(inputs):
-                window.append(asyncio.create_task(self.infer(item, timeout=timeout)))
+                window.append(asyncio.create_task(self.infer(item, timeout=timeout, lane=lane)))
                 if len(window) >= max_in_flight:
                     yield await _settle(window.popleft(), return_exceptions)
             while window:

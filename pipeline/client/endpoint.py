@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from pipeline.contract.reply import reply_prefix
+from pipeline.topology.lanes import find_lane
 from pipeline.topology.loader import load_topology
 from pipeline.topology.model import DaliStageConfig, SequenceStageConfig, Topology
 
@@ -35,6 +36,12 @@ class TopologyEndpoint:
     @property
     def input_topic(self) -> str:
         return self.topology.input_topic
+
+    def lane_topic(self, lane: str | None) -> str:
+        """Where a request of ``lane`` goes (None: the input topic, the default lane); an
+        unknown lane is a one-line :class:`~pipeline.errors.ConfigError` naming the lanes."""
+        found = find_lane(self.topology.resolved_lanes(), lane)
+        return self.input_topic if found is None else found.topic
 
     @property
     def result_topic(self) -> str:

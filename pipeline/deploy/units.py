@@ -39,7 +39,11 @@ def run_units(topology: Topology) -> list[RunUnit]:
         joins = [(name, join.input_topics) for name, join in graph.joins.items()]
         selected = steps + joins
     else:
-        selected = [(s.name, (t.input,)) for s, t in zip(topology.stages, topology.stage_topics(), strict=True)]
+        lanes = tuple(lane.topic for lane in topology.resolved_lanes()[:-1])  # the first stage reads them too
+        selected = [
+            (s.name, (t.input, *(lanes if index == 0 else ())))
+            for index, (s, t) in enumerate(zip(topology.stages, topology.stage_topics(), strict=True))
+        ]
     return [RunUnit(name, topology.group_id(name), topics) for name, topics in selected]
 
 

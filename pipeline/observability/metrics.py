@@ -162,6 +162,14 @@ class PipelineMetrics:
             "1 while the stage consumes and none of its partitions is stalled (its share of /readyz).",
         )
         self.paused = gauge("pipeline_consumer_paused", "1 while consumption is paused by backpressure.")
+        self.lane_requests = counter(
+            "pipeline_lane_requests_total", "Records consumed from each priority lane (workers/lanes.py).", "lane"
+        )
+        self.lane_held = gauge(
+            "pipeline_lane_held",
+            "1 while a priority lane is paused because a higher lane has records waiting.",
+            "lane",
+        )
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
         return Counter(name, documentation, ["stage", *labels], registry=self.registry)

@@ -141,7 +141,7 @@ def build_stages(
     limits, claim_checks = record_limits(topology, endpoints.kafka), claim_check_store(endpoints)
     _check_selection(topology, [s.name for s in topology.stages], only)
     stages: list[StreamStage] = []
-    for config, (input_topic, output_topic) in zip(topology.stages, topology.stage_topics(), strict=True):
+    for index, (config, (input_topic, output_topic)) in enumerate(zip(topology.stages, topology.stage_topics(), strict=True)):
         if only and config.name not in only:
             continue
         builder = STAGE_BUILDERS.get(config.kind)
@@ -152,6 +152,7 @@ def build_stages(
             group_id=topology.group_id(config.name),
             input_topic=input_topic,
             output_topic=output_topic,
+            lanes=topology.resolved_lanes() if index == 0 else (),
             dead_letter_topic=topology.dead_letter_topic,
             max_pending=(
                 config.max_pending_requests

@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline.endpoints import resolve_endpoints
 from pipeline.errors import ConfigError
 from pipeline.settings import KafkaSettings, TritonSettings
+from pipeline.topology.lanes import find_lane
 from pipeline.topology.model import Topology
 
 
@@ -42,13 +43,17 @@ class Target:
             version = getattr(first, "model_version", "") or ""
         return cls(topology=topology, model=model, model_version=version)
 
-    def input_topic(self, override: str | None) -> str:
-        """Where requests go: ``--topic``, else the topology's ``input_topic``."""
+    def input_topic(self, override: str | None, lane: str | None = None) -> str:
+        """Where requests go: ``--topic``, else the topic of the topology's ``--lane``, else
+        its ``input_topic``."""
+        if override and lane:
+            raise ConfigError("--topic and --lane both name the destination: give one")
         if override:
             return override
         if self.topology is None:
-            raise ConfigError("say where to produce: --topic TOPIC or --topology FILE")
-        return self.topology.input_topic
+            raise ConfigError("say where to produce: --topic TOPIC or --topology FILE" + (" (--lane needs --topology)" if lane else ""))
+        found = find_lane(self.topology.resolved_lanes(), lane)
+        return self.topology.input_topic if found is None else found.topic
 
     def output_topics(self, overrides: list[str] | None) -> list[str]:
         """Where results come from: ``--topic``s, else the result and dead-letter topics."""

@@ -40,6 +40,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
+from pipeline.topology.lanes import Lane, LaneConfig, lane_problem, resolve_lanes
 from pipeline.topology.shared_memory import SharedMemoryConfig
 
 # --------------------------------------------------------------------------- scalar types
@@ -413,6 +414,9 @@ class Topology(_Strict):
     triton: TritonSection = Field(default_factory=TritonSection)
     input_topic: TopicName
     """Topic the first stage consumes."""
+    lanes: list[LaneConfig] = Field(default_factory=list)
+    """Priority lanes, highest first: more input topics the first stage reads before
+    input_topic (the lowest lane). See pipeline/topology/lanes.py."""
     result_topic: TopicName
     """Topic the last stage produces."""
     dead_letter_topic: TopicName = Field(
@@ -495,6 +499,7 @@ class Topology(_Strict):
             seen[stage.name] = index
         if self.is_graph:
             self._check_graph()
+            self._check_lanes()
             return self
         chain = self._resolve_chain()
         topics = [chain[0].input, *(t.output for t in chain)]
@@ -525,7 +530,22 @@ class Topology(_Strict):
             raise _located(
                 "dead_letter_topic and metrics_topic must differ", ("dead_letter_topic",)
             )
+        self._check_lanes()
         return self
+
+    def _check_lanes(self) -> None:
+        first = None if self.is_graph else (self.stages[0].name, self.stages[0].kind)
+        chain = self._resolve_chain() if self.lanes and first else []
+        others = {t.output: f"output of stage {s.name!r}" for s, t in zip(self.stages, chain, strict=False)}
+        others.update({t: "a state topic" for t in (self.state_topics() if chain else [])})
+        others.update({self.input_topic: "input_topic", self.dead_letter_topic: "dead_letter_topic"})
+        others[self.metrics_topic] = "metrics_topic"
+        if problem := lane_problem(self.lanes, input_topic=self.input_topic, other_topics=others, first_stage=first):
+            raise _located(*problem)
+
+    def resolved_lanes(self) -> tuple[Lane, ...]:
+        """Every lane, highest first, input_topic's own last; () without lanes."""
+        return resolve_lanes(self.input_topic, self.lanes)
 
     def _resolve_chain(self) -> list[StageTopics]:
         """Fill in the topics a file leaves out; reject the ones that contradict each other.
@@ -589,6 +609,7 @@ class Topology(_Strict):
         chain = self._resolve_chain()
         return [
             chain[0].input,
+            *(lane.topic for lane in self.resolved_lanes()[:-1]),
             *(t.output for t in chain),
             self.dead_letter_topic,
             self.metrics_topic,
