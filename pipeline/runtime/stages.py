@@ -33,6 +33,7 @@ from pipeline.topology.model import (
 from workers.base import StageIO, StreamStage
 from workers.dali import DaliAudioBackend, DaliSettings
 from workers.join import JoinSettings, JoinStage
+from workers.padding import Padder
 from workers.routing import TensorRouting
 from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.postprocess import VadSettings
@@ -53,12 +54,15 @@ class BuildContext:
 def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
     """A stateless stage batching into its Triton model (chains and graph steps alike)."""
     assert isinstance(config, StatelessStageConfig)
+    backend = TritonModelBackend(
+        ctx.endpoints.triton, config.model, config.model_version, call_timeout_s=config.call_timeout_s
+    )
+    padding = config.padding
     return BatchingStage(
         ctx.io,
-        TritonModelBackend(
-            ctx.endpoints.triton, config.model, config.model_version, call_timeout_s=config.call_timeout_s
-        ),
+        backend,
         batching_settings(config),
+        padding=None if padding is None else Padder(padding, config.name, config.model, lambda: backend.description),
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
         warmup=config.warmup,

@@ -40,6 +40,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
+from pipeline.topology.padding import PaddingConfig
 
 # --------------------------------------------------------------------------- scalar types
 
@@ -279,6 +280,9 @@ class StatelessStageConfig(_StageBase):
     call_timeout_s: PositiveFloat = 30.0
     """Client-side bound on one Triton call (the request's own deadline when earlier); a call
     that times out while Triton does not answer its readiness probe is an outage (waits)."""
+    padding: PaddingConfig | None = None
+    """Length-aware batching: pad a variable-length input to buckets (see README
+    "Length-aware batching"); null = batches of exactly equal shapes only."""
 
 
 class DaliStageConfig(_StageBase):
