@@ -5,7 +5,9 @@ A group is keyed by everything that must be equal inside one Triton call
 priority, timeout). Requests of different shapes therefore never share a
 batch and no padding is ever added. A group is released when it holds
 ``max_rows`` rows (or ``max_bytes`` of payload: 64 rows of 16 MiB must not become one
-1 GiB gRPC call) or its oldest request has waited ``max_delay_s``.
+1 GiB gRPC call; or ``max_elements`` tensor elements: 64 rows padded to 4096 positions
+cost Triton what their padded size says, not what their rows say) or its oldest
+request has waited ``max_delay_s``.
 
 No I/O here: the stage decides what to do with a released batch.
 """
@@ -26,27 +28,36 @@ class Batch(Generic[T]):
     items: list[T] = field(default_factory=list)
     rows: int = 0
     size: int = 0  # payload bytes
+    elements: int = 0  # tensor elements, as sent (padded)
     opened_at: float = field(default_factory=time.monotonic)
 
 
 class DynamicBatcher(Generic[T]):
     """Open groups by key; :meth:`add` and :meth:`due` return the batches to send now."""
 
-    def __init__(self, max_rows: int, max_delay_s: float, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, max_rows: int, max_delay_s: float, max_bytes: int | None = None, max_elements: int | None = None
+    ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self.max_bytes = max_bytes
+        self.max_elements = max_elements
         self._open: dict[Hashable, Batch[T]] = {}
 
-    def add(self, key: Hashable, item: T, rows: int, now: float | None = None, size: int = 0) -> list[Batch[T]]:
-        """Add ``item`` (``rows`` rows, ``size`` bytes); returns batches released by this addition.
-        An item larger than ``max_bytes`` on its own still goes, alone."""
+    def add(
+        self, key: Hashable, item: T, rows: int, now: float | None = None, size: int = 0, elements: int = 0
+    ) -> list[Batch[T]]:
+        """Add ``item`` (``rows`` rows, ``size`` bytes, ``elements`` tensor elements); returns
+        batches released by this addition. An item over ``max_bytes`` or ``max_elements`` on its
+        own still goes, alone."""
         now = time.monotonic() if now is None else now
         released: list[Batch[T]] = []
         group = self._open.get(key)
-        if group is not None and (group.rows + rows > self.max_rows or self._over(group.size + size)):
+        if group is not None and (
+            group.rows + rows > self.max_rows or self._over(group.size + size, group.elements + elements)
+        ):
             released.append(self._open.pop(key))
             group = None
         if group is None:
@@ -54,12 +65,16 @@ class DynamicBatcher(Generic[T]):
         group.items.append(item)
         group.rows += rows
         group.size += size
-        if group.rows >= self.max_rows or self._over(group.size):
+        group.elements += elements
+        if group.rows >= self.max_rows or self._over(group.size, group.elements):
             released.append(self._open.pop(key))
         return released
 
-    def _over(self, size: int) -> bool:
-        return self.max_bytes is not None and size > self.max_bytes
+    def _over(self, size: int, elements: int) -> bool:
+        """Whether a group holding ``size`` bytes and ``elements`` elements is past a bound."""
+        return (self.max_bytes is not None and size > self.max_bytes) or (
+            self.max_elements is not None and elements > self.max_elements
+        )
 
     def due(self, now: float | None = None) -> list[Batch[T]]:
         """Groups whose oldest request has waited ``max_delay_s``."""

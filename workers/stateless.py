@@ -45,6 +45,7 @@ from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
 from workers.lanes import lane_priority
+from workers.padding import Padder
 from workers.routing import TensorRouting
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class _Pending:
     prepared: object
     rows: int
     enqueued: float
+    length: int | None = None  # the true length of a padded request (its outputs are trimmed to it)
 
 
 class BatchingStage(StreamStage):
@@ -87,11 +89,13 @@ class BatchingStage(StreamStage):
         metrics: PipelineMetrics,
         warmup: bool = False,
         routing: TensorRouting | None = None,
+        padding: Padder | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.backend = backend
         self.routing = routing or TensorRouting()
         self.settings = settings
+        self.padding = padding
         self._warmup = warmup
         self._batcher: DynamicBatcher[_Pending] | None = None
         self._inflight = asyncio.Semaphore(settings.max_inflight_batches)
@@ -106,7 +110,14 @@ class BatchingStage(StreamStage):
                 ErrorClass.BATCH_TOO_LARGE,
                 f"stage {self.io.stage}: max_batch_size {max_rows} exceeds {self.backend.name}'s {limit}",
             )
-        self._batcher = DynamicBatcher(max_rows, self.settings.max_queue_delay_s, self.settings.max_batch_bytes)
+        if self.padding is not None:
+            self.padding.bind()
+        self._batcher = DynamicBatcher(
+            max_rows,
+            self.settings.max_queue_delay_s,
+            self.settings.max_batch_bytes,
+            max_elements=self.padding.max_batch_elements if self.padding is not None else None,
+        )
         device = self.backend.device
         if device:
             self.metrics.device.labels(self.io.stage, device).set(1)
@@ -135,6 +146,9 @@ class BatchingStage(StreamStage):
             )
             message = request
             request = self.routing.to_model(message)
+            padded = self.padding.pad(request) if self.padding is not None else None
+            if padded is not None:
+                request = padded.request  # keyed by its bucket, so mixed lengths share batches
             prepared = self.backend.check(request)
         except BadRequest as bad:
             self.dead_letter(record, slot, bad.error_class, bad.reason)
@@ -144,11 +158,13 @@ class BatchingStage(StreamStage):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic())
+        length = padded.length if padded is not None else None
+        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic(), length)
         if (trace := record_trace(slot)) is not None:
             trace.queued()
         size = len(record.value or b"")
-        for batch in self._batcher.add(self.backend.batch_key(request), pending, rows, size=size):
+        elements = padded.elements if padded is not None else 0
+        for batch in self._batcher.add(self.backend.batch_key(request), pending, rows, size=size, elements=elements):
             self._dispatch(batch)
 
     def _with_defaults(self, request: InferenceRequest, record: ConsumedRecord) -> InferenceRequest:
@@ -270,6 +286,8 @@ class BatchingStage(StreamStage):
         return output
 
     def _succeed(self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str) -> None:
+        if self.padding is not None and item.length is not None:
+            outputs = self.padding.trim(outputs, item.length)
         try:
             tensors, datatypes = self.routing.from_model(item.message, outputs)
             if self.io.emit_requests:

@@ -46,6 +46,8 @@ class ErrorClass(TextEnum):
     DATA_SIZE_MISMATCH = "data-size-mismatch"
     BATCH_TOO_LARGE = "batch-too-large"
     UNKNOWN_OUTPUT = "unknown-output"
+    LENGTH_OUT_OF_RANGE = "length-out-of-range"
+    """Longer than the stage's largest padding bucket (``padding.too_long: dead_letter``)."""
     # Serving it.
     DEADLINE_EXCEEDED = "deadline-exceeded"
     INFERENCE_FAILED = "inference-failed"

@@ -34,6 +34,7 @@ from pipeline.triton.shared_memory import SharedMemoryOptions
 from workers.base import StageIO, StreamStage
 from workers.dali import DaliAudioBackend, DaliSettings
 from workers.join import JoinSettings, JoinStage
+from workers.padding import Padder
 from workers.routing import TensorRouting
 from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.postprocess import VadSettings
@@ -54,18 +55,21 @@ class BuildContext:
 def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
     """A stateless stage batching into its Triton model (chains and graph steps alike)."""
     assert isinstance(config, StatelessStageConfig)
+    backend = TritonModelBackend(
+        ctx.endpoints.triton,
+        config.model,
+        config.model_version,
+        call_timeout_s=config.call_timeout_s,
+        shared_memory=SharedMemoryOptions(**config.shared_memory.model_dump()),
+        stage=ctx.io.stage,
+        count_shared_memory=lambda outcome: ctx.metrics.triton_shared_memory.labels(ctx.io.stage, outcome).inc(),
+    )
+    padding = config.padding
     return BatchingStage(
         ctx.io,
-        TritonModelBackend(
-            ctx.endpoints.triton,
-            config.model,
-            config.model_version,
-            call_timeout_s=config.call_timeout_s,
-            shared_memory=SharedMemoryOptions(**config.shared_memory.model_dump()),
-            stage=ctx.io.stage,
-            count_shared_memory=lambda outcome: ctx.metrics.triton_shared_memory.labels(ctx.io.stage, outcome).inc(),
-        ),
+        backend,
         batching_settings(config),
+        padding=None if padding is None else Padder(padding, config.name, config.model, lambda: backend.description),
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
         warmup=config.warmup,

@@ -19,49 +19,15 @@ provides the real one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from pipeline.errors import EndpointUnreachable
+from pipeline.topology.described import Describe, ModelLike, TensorLike
 from pipeline.topology.model import SequenceStageConfig, Stage, StatelessStageConfig, Topology
+from pipeline.topology.padding_compat import check_padding
 
-
-class TensorLike(Protocol):
-    """What the checks read of one tensor of a model description."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def datatype(self) -> str:
-        """KServe v2 datatype name (``FP32``, ``INT64``, ``BYTES``...)."""
-        ...
-
-    @property
-    def shape(self) -> Sequence[int]:
-        """Per-item dims without the batch dimension; -1 = variable."""
-        ...
-
-    @property
-    def optional(self) -> bool: ...
-
-
-class ModelLike(Protocol):
-    """What the checks read of a model description."""
-
-    @property
-    def inputs(self) -> Sequence[TensorLike]: ...
-
-    @property
-    def outputs(self) -> Sequence[TensorLike]: ...
-
-    @property
-    def max_batch_size(self) -> int: ...
-
-
-Describe = Callable[[str, str], ModelLike]
-"""``describe(model_name, version)``; raises when Triton cannot describe the model."""
+__all__ = ["Describe", "ModelLike", "TensorLike", "check_compatibility", "shapes_compatible"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +192,8 @@ def check_compatibility(topology: Topology, describe: Describe) -> list[str]:
                 current = (binding, answer)
                 problems += _check_maps(binding, answer)
                 problems += _check_batch_size(binding, answer)
+                if isinstance(stage, StatelessStageConfig) and stage.padding is not None:
+                    problems += check_padding(stage.name, stage.padding, answer, _model_label(binding))
         # Stages form a linear chain (the model guarantees output[i] == input[i+1]); an
         # edge that touches an in-process (DALI) or undescribable stage cannot be checked.
         # Graph topologies are wired by tensor names, not by position: their edges are

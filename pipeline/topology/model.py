@@ -41,6 +41,7 @@ from pydantic_core import PydanticCustomError
 
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
 from pipeline.topology.lanes import Lane, LaneConfig, lane_problem, resolve_lanes
+from pipeline.topology.padding import PaddingConfig
 from pipeline.topology.shared_memory import SharedMemoryConfig
 
 # --------------------------------------------------------------------------- scalar types
@@ -283,6 +284,9 @@ class StatelessStageConfig(_StageBase):
     that times out while Triton does not answer its readiness probe is an outage (waits)."""
     shared_memory: SharedMemoryConfig = Field(default_factory=SharedMemoryConfig)
     """Large tensors through Triton's system shared memory when Triton runs on this host."""
+    padding: PaddingConfig | None = None
+    """Length-aware batching: pad a variable-length input to buckets (see README
+    "Length-aware batching"); null = batches of exactly equal shapes only."""
 
 
 class DaliStageConfig(_StageBase):
