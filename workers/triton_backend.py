@@ -116,9 +116,11 @@ class TritonModelBackend:
         assert self.description is not None and self._client is not None
         inputs = []
         for spec in self.description.inputs:
-            if spec.optional or any(d < 0 for d in spec.shape) or spec.datatype == "BYTES":
+            if spec.optional or spec.datatype == "BYTES":
                 continue
-            shape = ([1] if self.description.batching else []) + list(spec.shape)
+            # A variable dim (-1) gets length 1: a model with a variable-length input (padded
+            # batching's) must get every required input, or the warm-up call itself fails.
+            shape = ([1] if self.description.batching else []) + [d if d >= 0 else 1 for d in spec.shape]
             tensor = InferInput(spec.name, shape, spec.datatype)
             tensor.set_data_from_numpy(np.zeros(shape, dtype=triton_to_np_dtype(spec.datatype)))
             inputs.append(tensor)

@@ -118,9 +118,11 @@ def test_mixed_lengths_share_bucketed_batches_and_answer_like_single_calls(
 def test_too_long_exact_goes_unpadded_in_its_own_shape(
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """``too_long: exact``: a request past the last bucket is served at its own length, trimmed nothing."""
+    """``too_long: exact``: a request past the last bucket is served at its own length, trimmed nothing.
+    With ``warmup: true``: the warm-up call gives the variable-length input length 1 (it used to
+    leave out inputs with a -1 dim, so a padded stage's warm-up failed for want of ``tokens``)."""
     tokens = np.arange(70, dtype=np.float32)[None, :] / 10
-    topo = write_topology(tmp_path, partitions=1, stage=_stage(too_long="exact"))
+    topo = write_topology(tmp_path, partitions=1, stage={**_stage(too_long="exact"), "warmup": True})
     with pipeline_process(topo, cli_env, tmp_path):
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, [encode_request({"tokens": tokens}, correlation_id="long")]))
         out = collect_outputs(kafka_bootstrap, topo, distinct_keys(1), timeout=60)
