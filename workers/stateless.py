@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,7 +45,12 @@ from pipeline.settings import KafkaSettings
 from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
+from workers.fair_gate import FairGate
 from workers.routing import TensorRouting
+from workers.shadow import ShadowCopy, ShadowMirror
+
+Selector = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
+"""Re-addresses a decoded request to the model of its route (:mod:`workers.routed_backend`)."""
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +92,19 @@ class BatchingStage(StreamStage):
         metrics: PipelineMetrics,
         warmup: bool = False,
         routing: TensorRouting | None = None,
+        select: Selector | None = None,
+        shadow: ShadowMirror | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.backend = backend
         self.routing = routing or TensorRouting()
         self.settings = settings
         self._warmup = warmup
+        self._select = select
+        self.shadow = shadow
         self._batcher: DynamicBatcher[_Pending] | None = None
-        self._inflight = asyncio.Semaphore(settings.max_inflight_batches)
+        # Round-robin across models when batches queue (task routes); FIFO with one model.
+        self._inflight = FairGate(settings.max_inflight_batches)
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ setup
@@ -111,6 +122,8 @@ class BatchingStage(StreamStage):
             self.metrics.device.labels(self.io.stage, device).set(1)
         if self._warmup:
             await self.backend.warmup()
+        if self.shadow is not None:
+            self.shadow.start(self.produce_all_unowned)
         log.info(
             "%s: %s ready (batching up to %d rows, %.1f ms delay, %d in flight)",
             self.io.stage,
@@ -123,6 +136,8 @@ class BatchingStage(StreamStage):
     async def teardown(self) -> None:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shadow is not None:
+            await self.shadow.close()
         await self.backend.close()
 
     # ------------------------------------------------------------------ per record
@@ -134,6 +149,8 @@ class BatchingStage(StreamStage):
             )
             message = request
             request = self.routing.to_model(message)
+            if self._select is not None:
+                request = self._select(record, request)
             prepared = self.backend.check(request)
         except BadRequest as bad:
             self.dead_letter(record, slot, bad.error_class, bad.reason)
@@ -194,9 +211,12 @@ class BatchingStage(StreamStage):
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.shadow is not None:
+            self.shadow.offer([ShadowCopy(i.record, i.message, i.request) for i in batch.items])
 
     async def _run_batch(self, items: list[_Pending]) -> None:
-        async with self._inflight:
+        first = items[0].request
+        async with self._inflight.slot((first.model_name, first.model_version)):
             gauge = self.metrics.inflight_batches.labels(self.io.stage)
             held = self.metrics.inflight_bytes.labels(self.io.stage)
             size = sum(item.slot.size for item in items)
@@ -242,7 +262,7 @@ class BatchingStage(StreamStage):
             return
         if output is not None:
             for item, outputs in zip(live, output.outputs, strict=True):
-                self._succeed(item, outputs, output.model_name, output.model_version)
+                self._succeed(item, outputs, output.model_name, output.model_version, output.route)
 
     async def _call(self, items: list[_Pending]) -> BatchOutput:
         now = time.monotonic()
@@ -265,7 +285,9 @@ class BatchingStage(StreamStage):
         self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
         return output
 
-    def _succeed(self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str) -> None:
+    def _succeed(
+        self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
+    ) -> None:
         try:
             tensors, datatypes = self.routing.from_model(item.message, outputs)
             if self.io.emit_requests:
@@ -284,6 +306,7 @@ class BatchingStage(StreamStage):
             model_name=model,
             model_version=version,
             content_type=content_type,
+            route=route,
         )
         self.outbox.complete(
             item.slot,

@@ -46,6 +46,8 @@ class ErrorClass(TextEnum):
     DATA_SIZE_MISMATCH = "data-size-mismatch"
     BATCH_TOO_LARGE = "batch-too-large"
     UNKNOWN_OUTPUT = "unknown-output"
+    UNKNOWN_TASK = "unknown-task"
+    """A stage with route_by: task got no ``task`` header, or one naming none of its routes."""
     # Serving it.
     DEADLINE_EXCEEDED = "deadline-exceeded"
     INFERENCE_FAILED = "inference-failed"

@@ -20,6 +20,7 @@ from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.clients import RecordLimits
 from pipeline.kafka.progress import Upstream
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.runtime.traffic import shadow_mirror, stateless_backend
 from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.graph import JoinNode
 from pipeline.topology.model import (
@@ -37,7 +38,6 @@ from workers.routing import TensorRouting
 from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.postprocess import VadSettings
 from workers.stateless import BatchingSettings, BatchingStage
-from workers.triton_backend import TritonModelBackend
 
 
 @dataclass(frozen=True)
@@ -51,18 +51,21 @@ class BuildContext:
 
 
 def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
-    """A stateless stage batching into its Triton model (chains and graph steps alike)."""
+    """A stateless stage batching into its Triton model, or its routes' models (chains and
+    graph steps alike), with its shadow when it has one (:mod:`pipeline.runtime.traffic`)."""
     assert isinstance(config, StatelessStageConfig)
+    routing = routing or TensorRouting(config.input_map, config.output_map)
+    backend, select = stateless_backend(ctx.endpoints.triton, config, ctx.io.stage, ctx.metrics)
     return BatchingStage(
         ctx.io,
-        TritonModelBackend(
-            ctx.endpoints.triton, config.model, config.model_version, call_timeout_s=config.call_timeout_s
-        ),
+        backend,
         batching_settings(config),
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
         warmup=config.warmup,
-        routing=routing or TensorRouting(config.input_map, config.output_map),
+        routing=routing,
+        select=select,
+        shadow=shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics),
     )
 
 
