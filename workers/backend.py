@@ -29,6 +29,7 @@ class BatchOutput:
     outputs: list[dict[str, np.ndarray]]
     model_name: str
     model_version: str
+    route: str | None = None  # the route that served it (stages with routes: pipeline-route header)
 
 
 class BatchBackend(Protocol):

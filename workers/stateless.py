@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,9 +45,14 @@ from pipeline.settings import KafkaSettings
 from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
+from workers.fair_gate import FairGate
 from workers.lanes import lane_priority
 from workers.padding import Padder
 from workers.routing import TensorRouting
+from workers.shadow import ShadowCopy, ShadowMirror
+
+Selector = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
+"""Re-addresses a decoded request to the model of its route (:mod:`workers.routed_backend`)."""
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,8 @@ class BatchingStage(StreamStage):
         warmup: bool = False,
         routing: TensorRouting | None = None,
         padding: Padder | None = None,
+        select: Selector | None = None,
+        shadow: ShadowMirror | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.backend = backend
@@ -97,8 +105,11 @@ class BatchingStage(StreamStage):
         self.settings = settings
         self.padding = padding
         self._warmup = warmup
+        self._select = select
+        self.shadow = shadow
         self._batcher: DynamicBatcher[_Pending] | None = None
-        self._inflight = asyncio.Semaphore(settings.max_inflight_batches)
+        # Round-robin across models when batches queue (task routes); FIFO with one model.
+        self._inflight = FairGate(settings.max_inflight_batches)
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ setup
@@ -123,6 +134,8 @@ class BatchingStage(StreamStage):
             self.metrics.device.labels(self.io.stage, device).set(1)
         if self._warmup:
             await self.backend.warmup()
+        if self.shadow is not None:
+            self.shadow.start(self.produce_all_unowned)
         log.info(
             "%s: %s ready (batching up to %d rows, %.1f ms delay, %d in flight)",
             self.io.stage,
@@ -135,6 +148,8 @@ class BatchingStage(StreamStage):
     async def teardown(self) -> None:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shadow is not None:
+            await self.shadow.close()
         await self.backend.close()
 
     # ------------------------------------------------------------------ per record
@@ -146,6 +161,8 @@ class BatchingStage(StreamStage):
             )
             message = request
             request = self.routing.to_model(message)
+            if self._select is not None:
+                request = self._select(record, request)
             padded = self.padding.pad(request) if self.padding is not None else None
             if padded is not None:
                 request = padded.request  # keyed by its bucket, so mixed lengths share batches
@@ -214,9 +231,12 @@ class BatchingStage(StreamStage):
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.shadow is not None:
+            self.shadow.offer([ShadowCopy(i.record, i.message, i.request) for i in batch.items])
 
     async def _run_batch(self, items: list[_Pending]) -> None:
-        async with self._inflight:
+        first = items[0].request
+        async with self._inflight.slot((first.model_name, first.model_version)):
             gauge = self.metrics.inflight_batches.labels(self.io.stage)
             held = self.metrics.inflight_bytes.labels(self.io.stage)
             size = sum(item.slot.size for item in items)
@@ -262,7 +282,7 @@ class BatchingStage(StreamStage):
             return
         if output is not None:
             for item, outputs in zip(live, output.outputs, strict=True):
-                self._succeed(item, outputs, output.model_name, output.model_version)
+                self._succeed(item, outputs, output.model_name, output.model_version, output.route)
 
     async def _call(self, items: list[_Pending]) -> BatchOutput:
         now = time.monotonic()
@@ -285,7 +305,9 @@ class BatchingStage(StreamStage):
         self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
         return output
 
-    def _succeed(self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str) -> None:
+    def _succeed(
+        self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
+    ) -> None:
         if self.padding is not None and item.length is not None:
             outputs = self.padding.trim(outputs, item.length)
         try:
@@ -306,6 +328,7 @@ class BatchingStage(StreamStage):
             model_name=model,
             model_version=version,
             content_type=content_type,
+            route=route,
         )
         self.outbox.complete(
             item.slot,

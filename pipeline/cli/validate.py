@@ -19,6 +19,7 @@ from pipeline.cli.app import app, console, console_err
 from pipeline.errors import ConfigError
 from pipeline.settings import TritonSettings
 from pipeline.topology.compat import check_compatibility
+from pipeline.topology.describe import describe_models
 from pipeline.topology.loader import load_topology
 from pipeline.topology.model import DaliStageConfig, SequenceStageConfig, StatelessStageConfig, Topology
 from pipeline.topology.schema import render_schema
@@ -116,7 +117,7 @@ def _print_summary(topology: Topology) -> None:
         return
     for stage, route in zip(topology.stages, topology.stage_topics(), strict=True):
         if isinstance(stage, StatelessStageConfig):
-            model = stage.model + (f" version {stage.model_version}" if stage.model_version else "")
+            model = describe_models(stage)
         elif isinstance(stage, SequenceStageConfig):
             model = stage.model
         else:

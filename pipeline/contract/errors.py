@@ -48,6 +48,8 @@ class ErrorClass(TextEnum):
     UNKNOWN_OUTPUT = "unknown-output"
     LENGTH_OUT_OF_RANGE = "length-out-of-range"
     """Longer than the stage's largest padding bucket (``padding.too_long: dead_letter``)."""
+    UNKNOWN_TASK = "unknown-task"
+    """A stage with route_by: task got no ``task`` header, or one naming none of its routes."""
     # Serving it.
     DEADLINE_EXCEEDED = "deadline-exceeded"
     INFERENCE_FAILED = "inference-failed"

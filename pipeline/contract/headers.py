@@ -24,11 +24,13 @@ TRACEPARENT = "traceparent"
 DEADLINE = "deadline"
 PRIORITY = "priority"
 TIMEOUT_MS = "timeout-ms"
+TASK = "task"  # a stage with route_by: task serves the route of this name
 
 # Headers added to result records.
 PIPELINE_STAGE = "pipeline-stage"
 MODEL_NAME = "model-name"
 MODEL_VERSION = "model-version"
+PIPELINE_ROUTE = "pipeline-route"  # the route (or "shadow") of a stage with routes or a shadow
 
 # Headers added to dead-letter records.
 ERROR_STAGE = "error-stage"

@@ -52,12 +52,14 @@ def result_headers(
     model_name: str,
     model_version: str,
     content_type: str,
+    route: str | None = None,
 ) -> h.Headers:
     """The request's headers, minus those the result owns, plus the result's own.
 
     ``content-type`` is replaced by the result's; ``correlation-id`` is always
     set (it may have come only in the request body); ``pipeline-stage``,
-    ``model-name`` and ``model-version`` say who produced the result. Owned
+    ``model-name`` and ``model-version`` say who produced the result (``pipeline-route``
+    too, when the stage has routes or a shadow). Owned
     names are appended at the end; all other headers keep their order and bytes.
     """
     return h.replace_headers(
@@ -68,6 +70,7 @@ def result_headers(
             (h.PIPELINE_STAGE, stage),
             (h.MODEL_NAME, model_name),
             (h.MODEL_VERSION, model_version),
+            *([(h.PIPELINE_ROUTE, route)] if route is not None else []),
         ],
     )
 

@@ -20,6 +20,7 @@ from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.clients import RecordLimits
 from pipeline.kafka.progress import Upstream
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.runtime.traffic import shadow_mirror, stateless_backend
 from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.graph import JoinNode
 from pipeline.topology.model import (
@@ -30,7 +31,6 @@ from pipeline.topology.model import (
     StatelessStageConfig,
     Topology,
 )
-from pipeline.triton.shared_memory import SharedMemoryOptions
 from workers.base import StageIO, StreamStage
 from workers.dali import DaliAudioBackend, DaliSettings
 from workers.join import JoinSettings, JoinStage
@@ -53,27 +53,27 @@ class BuildContext:
 
 
 def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
-    """A stateless stage batching into its Triton model (chains and graph steps alike)."""
+    """A stateless stage batching into its Triton model, or its routes' models (chains and
+    graph steps alike), with its shadow when it has one (:mod:`pipeline.runtime.traffic`)."""
     assert isinstance(config, StatelessStageConfig)
-    backend = TritonModelBackend(
-        ctx.endpoints.triton,
-        config.model,
-        config.model_version,
-        call_timeout_s=config.call_timeout_s,
-        shared_memory=SharedMemoryOptions(**config.shared_memory.model_dump()),
-        stage=ctx.io.stage,
-        count_shared_memory=lambda outcome: ctx.metrics.triton_shared_memory.labels(ctx.io.stage, outcome).inc(),
-    )
-    padding = config.padding
+    routing = routing or TensorRouting(config.input_map, config.output_map)
+    backend, select = stateless_backend(ctx.endpoints.triton, config, ctx.io.stage, ctx.metrics)
+    padder = None
+    if config.padding is not None:
+        assert isinstance(backend, TritonModelBackend)  # the topology refuses padding with routes
+        model = backend
+        padder = Padder(config.padding, config.name, model.model, lambda: model.description)
     return BatchingStage(
         ctx.io,
         backend,
         batching_settings(config),
-        padding=None if padding is None else Padder(padding, config.name, config.model, lambda: backend.description),
+        padding=padder,
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
         warmup=config.warmup,
-        routing=routing or TensorRouting(config.input_map, config.output_map),
+        routing=routing,
+        select=select,
+        shadow=shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics),
     )
 
 

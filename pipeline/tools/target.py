@@ -41,6 +41,8 @@ class Target:
             first = topology.stages[0]
             model = getattr(first, "model", None)  # a DALI stage has no Triton model
             version = getattr(first, "model_version", "") or ""
+            if routes := getattr(first, "routes", None):  # several models: their first route's
+                model, version = routes[0].model, routes[0].model_version
         return cls(topology=topology, model=model, model_version=version)
 
     def input_topic(self, override: str | None, lane: str | None = None) -> str:

@@ -42,6 +42,19 @@ class _Binding:
     max_batch_size: int | None
 
 
+def _bindings(stage: Stage) -> list[_Binding]:
+    """Every model a stage calls: its model, or each route's, then its shadow's.
+    The first is the one its neighbours' tensors are checked against."""
+    if isinstance(stage, StatelessStageConfig) and (stage.routes or stage.shadow):
+        targets = [(r.model, r.model_version) for r in stage.routes or ()] or [(stage.model, stage.model_version)]
+        if stage.shadow is not None:
+            targets.append((stage.shadow.model, stage.shadow.model_version))
+        size = stage.batching.max_batch_size
+        return [_Binding(stage.name, m, v, stage.input_map, stage.output_map, size) for m, v in targets]
+    binding = _binding(stage)
+    return [] if binding is None else [binding]
+
+
 def _binding(stage: Stage) -> _Binding | None:
     """The model binding of a stage that calls Triton; None for in-process stages (DALI)."""
     if isinstance(stage, StatelessStageConfig):
@@ -148,13 +161,10 @@ def _check_edge(
     return problems
 
 
-def _describe_stage(
-    stage: Stage, describe: Describe, cache: dict[tuple[str, str], ModelLike | Exception]
-) -> tuple[_Binding, ModelLike | Exception] | None:
-    """Describe the model of ``stage`` once per (model, version); None for a model-less stage."""
-    binding = _binding(stage)
-    if binding is None:
-        return None
+def _describe_binding(
+    binding: _Binding, describe: Describe, cache: dict[tuple[str, str], ModelLike | Exception]
+) -> tuple[_Binding, ModelLike | Exception]:
+    """Describe the model of ``binding`` once per (model, version)."""
     key = (binding.model, binding.version)
     if key not in cache:
         try:
@@ -180,16 +190,16 @@ def check_compatibility(topology: Topology, describe: Describe) -> list[str]:
     previous: tuple[_Binding, ModelLike] | None = None
     for stage in topology.stages:
         current: tuple[_Binding, ModelLike] | None = None
-        described = _describe_stage(stage, describe, cache)
-        if described is not None:
-            binding, answer = described
+        for index, binding in enumerate(_bindings(stage)):
+            _, answer = _describe_binding(binding, describe, cache)
             if isinstance(answer, Exception):
                 reason = " ".join(str(answer).split()) or type(answer).__name__
                 problems.append(
                     f"stage {stage.name!r}: {_model_label(binding)} unavailable: {reason}"
                 )
             else:
-                current = (binding, answer)
+                if index == 0:
+                    current = (binding, answer)
                 problems += _check_maps(binding, answer)
                 problems += _check_batch_size(binding, answer)
                 if isinstance(stage, StatelessStageConfig) and stage.padding is not None:

@@ -21,127 +21,32 @@ to the error's location, which the loader uses for the line number.
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    WithJsonSchema,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
+from pipeline.topology.fields import (  # the shared scalar types, re-exported here
+    _TOPIC_MAX,
+    Endpoint,
+    ModelVersion,
+    Name,
+    TensorMap,
+    TopicName,
+    _located,
+    _Strict,
+)
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
 from pipeline.topology.lanes import Lane, LaneConfig, lane_problem, resolve_lanes
 from pipeline.topology.padding import PaddingConfig
+from pipeline.topology.routes import RouteBy, RouteConfig, ShadowConfig, check_routes, shadow_topic
 from pipeline.topology.shared_memory import SharedMemoryConfig
-
-# --------------------------------------------------------------------------- scalar types
-
-_NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
-_NAME_MAX = 64
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
-_TOPIC_MAX = 249  # Kafka's limit (topic directories are named <topic>-<partition>)
-_VERSION_RE = re.compile(r"(?:[1-9][0-9]*)?")
-
-
-def _check_name(value: str) -> str:
-    if len(value) > _NAME_MAX or not _NAME_RE.fullmatch(value):
-        raise ValueError(
-            f"{value!r} is not a valid name: use lowercase letters, digits and '-' "
-            f"(not first or last), at most {_NAME_MAX} characters"
-        )
-    return value
-
-
-def _check_topic(value: str) -> str:
-    if len(value) > _TOPIC_MAX or not _TOPIC_RE.fullmatch(value) or value in (".", ".."):
-        raise ValueError(
-            f"{value!r} is not a valid Kafka topic name: use letters, digits, '.', '_' "
-            f"and '-', at most {_TOPIC_MAX} characters"
-        )
-    return value
-
-
-def _version_to_str(value: Any) -> Any:
-    """``model_version: 3`` is what people type; store it as Triton's version string."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-def _check_version(value: str) -> str:
-    if not _VERSION_RE.fullmatch(value):
-        raise ValueError(f'{value!r} is not a model version: use "" (latest) or an integer >= 1')
-    return value
-
-
-def _empty_to_none(value: Any) -> Any:
-    """``"${TRITON_URL:-}"`` (quoted) gives ``""``; treat it like the unquoted form, null."""
-    return None if value == "" else value
-
-
-Name = Annotated[
-    str,
-    AfterValidator(_check_name),
-    WithJsonSchema({"type": "string", "pattern": f"^{_NAME_RE.pattern}$", "maxLength": _NAME_MAX}),
-]
-"""A topology or stage name; it ends up in topic names and consumer group ids."""
-
-TopicName = Annotated[
-    str,
-    AfterValidator(_check_topic),
-    WithJsonSchema(
-        {"type": "string", "pattern": f"^{_TOPIC_RE.pattern}$", "maxLength": _TOPIC_MAX}
-    ),
-]
-"""A Kafka topic name."""
-
-ModelVersion = Annotated[
-    str,
-    BeforeValidator(_version_to_str),
-    AfterValidator(_check_version),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "string", "pattern": f"^{_VERSION_RE.pattern}$"},
-                {"type": "integer", "minimum": 1},
-            ]
-        }
-    ),
-]
-"""``""`` for the latest version Triton serves, else a pinned version number."""
-
-Endpoint = Annotated[str | None, BeforeValidator(_empty_to_none)]
-"""An optional ``host:port`` override; null or empty means "from the environment"."""
-
-TensorMap = dict[str, str]
-
-
-def _located(message: str, at: tuple[str | int, ...]) -> PydanticCustomError:
-    """A validation error the loader reports at ``at`` (relative to the validator's own place)."""
-    return PydanticCustomError("topology", message, {"at": at})
-
-
-class _Strict(BaseModel):
-    """Base of every topology model: unknown keys are errors, types are not coerced."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        use_attribute_docstrings=True,
-        protected_namespaces=(),  # `model` and `model_version` are topology keys
-    )
-
 
 # --------------------------------------------------------------------------- sections
 
@@ -253,13 +158,19 @@ class _StageBase(_Strict):
 
 
 class StatelessStageConfig(_StageBase):
-    """Independent requests to one Triton model, micro-batched across records."""
+    """Independent requests to one Triton model (or to routes), micro-batched across records."""
 
     kind: Literal["stateless"]
-    model: str = Field(min_length=1)
-    """Triton model name."""
+    model: str = ""
+    """Triton model name; required unless the stage has routes."""
     model_version: ModelVersion = ""
     """"" = the latest version Triton serves; else a pinned version number."""
+    routes: list[RouteConfig] | None = Field(default=None, min_length=1)
+    """Instead of model: several models, one chosen per record (pipeline/topology/routes.py)."""
+    route_by: RouteBy = "key"
+    """key: by weight, sticky per record key (canary, A/B); task: by the record's task header."""
+    shadow: ShadowConfig | None = None
+    """A model every request is mirrored to, best effort; its results go to the shadow topic."""
     input_map: TensorMap = Field(default_factory=dict)
     """Model input name -> topology tensor it reads (Triton ensemble style); {} = same names."""
     output_map: TensorMap = Field(default_factory=dict)
@@ -287,6 +198,17 @@ class StatelessStageConfig(_StageBase):
     padding: PaddingConfig | None = None
     """Length-aware batching: pad a variable-length input to buckets (see README
     "Length-aware batching"); null = batches of exactly equal shapes only."""
+
+    @model_validator(mode="after")
+    def _routes(self) -> StatelessStageConfig:
+        check_routes(self)
+        if self.routes is not None:
+            # Both read one model's metadata and hold one model's resources at start-up.
+            if self.padding is not None:
+                raise _located("padding needs one model; a stage with routes has several", ("padding",))
+            if self.shared_memory.mode != "off":
+                raise _located("shared_memory serves one model; a stage with routes has several", ("shared_memory",))
+        return self
 
 
 class DaliStageConfig(_StageBase):
@@ -482,6 +404,9 @@ class Topology(_Strict):
                 raise _located(f"graph steps are stateless stages; {stage.kind!r} runs in chains only", ("stages", index, "kind"))
             if stage.input_topic or stage.output_topic:
                 raise _located("graph steps get their topics from the graph", ("stages", index, "input_topic"))
+            if stage.routes or stage.shadow:
+                key = "routes" if stage.routes else "shadow"
+                raise _located("graph steps serve one model; routes and shadow are for chains", ("stages", index, key))
             for field in ("input_map", "output_map"):
                 if not getattr(stage, field):
                     raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
@@ -526,6 +451,9 @@ class Topology(_Strict):
                     f"which emits {before.sample_rate} Hz",
                     ("stages", index, "sample_rate"),
                 )
+        for index, shadow in self._shadow_topics(chain):
+            if shadow in topics or shadow in (self.dead_letter_topic, self.metrics_topic):
+                raise _located(f"shadow topic {shadow!r} is also a topic of this topology", ("stages", index, "shadow"))
         for field in ("dead_letter_topic", "metrics_topic"):
             topic = getattr(self, field)
             if topic in topics:
@@ -615,9 +543,22 @@ class Topology(_Strict):
             chain[0].input,
             *(lane.topic for lane in self.resolved_lanes()[:-1]),
             *(t.output for t in chain),
+            *(topic for _, topic in self._shadow_topics(chain)),
             self.dead_letter_topic,
             self.metrics_topic,
         ]
+
+    def _shadow_topics(self, chain: list[StageTopics]) -> list[tuple[int, str]]:
+        """(stage index, shadow topic) of each stage with a shadow."""
+        return [
+            (index, shadow_topic(stage.shadow, topics.output))
+            for index, (stage, topics) in enumerate(zip(self.stages, chain, strict=True))
+            if isinstance(stage, StatelessStageConfig) and stage.shadow is not None
+        ]
+
+    def shadow_topic(self, stage: str) -> str | None:
+        """Where ``stage``'s shadow results go; None for a stage without a shadow."""
+        return dict((self.stages[i].name, t) for i, t in self._shadow_topics(self._resolve_chain())).get(stage)
 
     def state_topic(self, stage: str) -> str:
         """Compacted changelog of a stateful stage's per-stream state."""

@@ -1,0 +1,68 @@
+"""Builders for a stateless stage's several models: its routed backend and its shadow.
+
+From the topology's ``routes``/``route_by``/``shadow`` (pipeline/topology/routes.py)
+to the worker objects (workers/traffic.py, workers/routed_backend.py,
+workers/shadow.py). A stage without routes gets its one :class:`TritonModelBackend`,
+exactly as before; without a shadow, no mirror.
+"""
+
+from __future__ import annotations
+
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.traffic_metrics import TrafficMetrics
+from pipeline.settings import TritonSettings
+from pipeline.topology.model import StatelessStageConfig, Topology
+from pipeline.triton.shared_memory import SharedMemoryOptions
+from workers.backend import BatchBackend
+from workers.routed_backend import RoutedBackend
+from workers.routing import TensorRouting
+from workers.shadow import ShadowMirror
+from workers.stateless import Selector
+from workers.traffic import Route, RouteTable
+from workers.triton_backend import TritonModelBackend
+
+
+def stateless_backend(
+    triton: TritonSettings, config: StatelessStageConfig, stage: str, metrics: PipelineMetrics
+) -> tuple[BatchBackend, Selector | None]:
+    """The stage's backend, and the selector that assigns each request its route (None: one model)."""
+    if config.routes is None:
+        single = TritonModelBackend(
+            triton,
+            config.model,
+            config.model_version,
+            call_timeout_s=config.call_timeout_s,
+            shared_memory=SharedMemoryOptions(**config.shared_memory.model_dump()),
+            stage=stage,
+            count_shared_memory=lambda outcome: metrics.triton_shared_memory.labels(stage, outcome).inc(),
+        )
+        return single, None
+    table = RouteTable(
+        [Route(r.name, r.model, r.model_version, r.weight) for r in config.routes], by_task=config.route_by == "task"
+    )
+    backend = RoutedBackend(
+        triton, table, stage=stage, metrics=TrafficMetrics.of(metrics), call_timeout_s=config.call_timeout_s
+    )
+    return backend, backend.assign
+
+
+def shadow_mirror(
+    triton: TritonSettings,
+    config: StatelessStageConfig,
+    topology: Topology,
+    stage: str,
+    metrics: PipelineMetrics,
+) -> ShadowMirror | None:
+    shadow = config.shadow
+    topic = topology.shadow_topic(config.name)
+    if shadow is None or topic is None:
+        return None
+    return ShadowMirror(
+        TritonModelBackend(triton, shadow.model, shadow.model_version, call_timeout_s=config.call_timeout_s),
+        stage=stage,
+        topic=topic,
+        max_inflight=shadow.max_inflight,
+        # The shadow's results are responses of its own: never forwarded as a next stage's request.
+        routing=TensorRouting(config.input_map, config.output_map),
+        counter=TrafficMetrics.of(metrics).shadow,
+    )
