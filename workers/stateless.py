@@ -45,6 +45,7 @@ from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
 from workers.routing import TensorRouting
+from workers.tenancy.gate import StageHooks, TenancySettings, stage_batcher, stage_gate
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class _Pending:
     prepared: object
     rows: int
     enqueued: float
+    tenant: str = ""  # tenant quotas: whose request (fair batches)
 
 
 class BatchingStage(StreamStage):
@@ -86,8 +88,11 @@ class BatchingStage(StreamStage):
         metrics: PipelineMetrics,
         warmup: bool = False,
         routing: TensorRouting | None = None,
+        tenancy: TenancySettings | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
+        self._gate = stage_gate(tenancy, io.stage, metrics, StageHooks(  # NoGate: no tenant quotas
+            lambda s, o: self.outbox.complete(s, o), self.dead_letter, lambda: self._consumer, lambda: self._flow.paused))
         self.backend = backend
         self.routing = routing or TensorRouting()
         self.settings = settings
@@ -105,7 +110,7 @@ class BatchingStage(StreamStage):
                 ErrorClass.BATCH_TOO_LARGE,
                 f"stage {self.io.stage}: max_batch_size {max_rows} exceeds {self.backend.name}'s {limit}",
             )
-        self._batcher = DynamicBatcher(max_rows, self.settings.max_queue_delay_s, self.settings.max_batch_bytes)
+        self._batcher = stage_batcher(max_rows, self.settings, self._tasks, fair=self._gate.fair)
         device = self.backend.device
         if device:
             self.metrics.device.labels(self.io.stage, device).set(1)
@@ -128,6 +133,8 @@ class BatchingStage(StreamStage):
     # ------------------------------------------------------------------ per record
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         assert self._batcher is not None
+        if not await self._gate.admit(record, slot):
+            return  # delayed, dead-lettered quota-exceeded, or held until due (workers/tenancy)
         try:
             request = decode_request(
                 record.value, list(record.headers or ()), max_value_bytes=self.settings.max_request_bytes
@@ -143,7 +150,8 @@ class BatchingStage(StreamStage):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic())
+        tenant = self._gate.tenant_or_none(record) if self._gate.fair else ""
+        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic(), tenant)
         if (trace := record_trace(slot)) is not None:
             trace.queued()
         size = len(record.value or b"")
@@ -165,6 +173,8 @@ class BatchingStage(StreamStage):
     # ------------------------------------------------------------------ batches
     async def tick(self) -> None:
         assert self._batcher is not None
+        for record, slot in self._gate.due():
+            await self.handle(record, slot)  # delayed and now due: the quota again
         for batch in self._batcher.due():
             self._dispatch(batch)
 
@@ -177,6 +187,7 @@ class BatchingStage(StreamStage):
     async def release(self, partitions: list[Any] | None = None) -> None:
         if self._batcher is None:
             return
+        self._gate.release(partitions)  # held delayed records go back to the delay topic
         for batch in self._batcher.drain():
             self._dispatch(batch)
         if self._tasks:
@@ -193,7 +204,12 @@ class BatchingStage(StreamStage):
     def _dispatch(self, batch: Batch[_Pending]) -> None:
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        for batch in self._batcher.due() if self._gate.fair and self._batcher is not None else ():
+            self._dispatch(batch)  # fair batches form when a call can start
 
     async def _run_batch(self, items: list[_Pending]) -> None:
         async with self._inflight:

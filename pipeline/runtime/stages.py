@@ -20,6 +20,7 @@ from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.clients import RecordLimits
 from pipeline.kafka.progress import Upstream
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.runtime.tenant_settings import tenancy_settings, with_delay_topic
 from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.graph import JoinNode
 from pipeline.topology.model import (
@@ -53,8 +54,9 @@ class BuildContext:
 def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
     """A stateless stage batching into its Triton model (chains and graph steps alike)."""
     assert isinstance(config, StatelessStageConfig)
+    tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
     return BatchingStage(
-        ctx.io,
+        with_delay_topic(ctx.io, tenancy),
         TritonModelBackend(
             ctx.endpoints.triton, config.model, config.model_version, call_timeout_s=config.call_timeout_s
         ),
@@ -63,6 +65,7 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
         metrics=ctx.metrics,
         warmup=config.warmup,
         routing=routing or TensorRouting(config.input_map, config.output_map),
+        tenancy=tenancy,
     )
 
 

@@ -40,6 +40,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
+from pipeline.topology.tenants import TenantsConfig, check_delay_topics
 
 # --------------------------------------------------------------------------- scalar types
 
@@ -279,6 +280,8 @@ class StatelessStageConfig(_StageBase):
     call_timeout_s: PositiveFloat = 30.0
     """Client-side bound on one Triton call (the request's own deadline when earlier); a call
     that times out while Triton does not answer its readiness probe is an outage (waits)."""
+    tenants: TenantsConfig | None = None
+    """Per-tenant rate limits, over-quota policy and fair batches (chains only); null = none."""
 
 
 class DaliStageConfig(_StageBase):
@@ -471,6 +474,8 @@ class Topology(_Strict):
                 raise _located(f"graph steps are stateless stages; {stage.kind!r} runs in chains only", ("stages", index, "kind"))
             if stage.input_topic or stage.output_topic:
                 raise _located("graph steps get their topics from the graph", ("stages", index, "input_topic"))
+            if stage.tenants is not None:
+                raise _located("tenants are declared on chain stages only", ("stages", index, "tenants"))
             for field in ("input_map", "output_map"):
                 if not getattr(stage, field):
                     raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
@@ -522,7 +527,18 @@ class Topology(_Strict):
             raise _located(
                 "dead_letter_topic and metrics_topic must differ", ("dead_letter_topic",)
             )
+        check_delay_topics(self._delay_topics(chain), [*topics, self.dead_letter_topic, self.metrics_topic])
         return self
+
+    def _delay_topics(self, chain: list[StageTopics]) -> list[tuple[int, str]]:
+        """(stage index, delay topic) of each stage whose over-quota records wait (tenants.py)."""
+        return [
+            (index, delay)
+            for index, (stage, edge) in enumerate(zip(self.stages, chain, strict=True))
+            if isinstance(stage, StatelessStageConfig)
+            and stage.tenants is not None
+            and (delay := stage.tenants.delay_topic_for(edge.input)) is not None
+        ]
 
     def _resolve_chain(self) -> list[StageTopics]:
         """Fill in the topics a file leaves out; reject the ones that contradict each other.
@@ -589,6 +605,7 @@ class Topology(_Strict):
             *(t.output for t in chain),
             self.dead_letter_topic,
             self.metrics_topic,
+            *(topic for _, topic in self._delay_topics(chain)),
         ]
 
     def state_topic(self, stage: str) -> str:
