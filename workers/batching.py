@@ -3,11 +3,18 @@
 A group is keyed by everything that must be equal inside one Triton call
 (model, version, tensor names, dtypes and per-row shapes, requested outputs,
 priority, timeout). Requests of different shapes therefore never share a
-batch and no padding is ever added. A group is released when it holds
+batch (a stage with ``padding:`` pads requests to their length bucket before they are
+keyed, :mod:`workers.padding`). A group is released when it holds
 ``max_rows`` rows (or ``max_bytes`` of payload: 64 rows of 16 MiB must not become one
 1 GiB gRPC call; or ``max_elements`` tensor elements: 64 rows padded to 4096 positions
 cost Triton what their padded size says, not what their rows say) or its oldest
 request has waited ``max_delay_s``.
+
+With a ``pick`` hook (tenant fairness, :mod:`workers.tenancy.fair_share`) a group is
+released only while the stage has an in-flight slot free (``capacity``): until then it
+keeps growing past ``max_rows``, and when a call can start, ``pick`` chooses which of its
+requests go (the rest stay, first in line for the next call). Batches then form when
+Triton can take them, from everyone waiting, instead of queueing pre-formed in arrival order.
 
 No I/O here: the stage decides what to do with a released batch.
 """
@@ -15,7 +22,7 @@ No I/O here: the stage decides what to do with a released batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -30,21 +37,48 @@ class Batch(Generic[T]):
     size: int = 0  # payload bytes
     elements: int = 0  # tensor elements, as sent (padded)
     opened_at: float = field(default_factory=time.monotonic)
+    item_rows: list[int] = field(default_factory=list)
+    item_sizes: list[int] = field(default_factory=list)
+    item_elements: list[int] = field(default_factory=list)
+
+    def put(self, item: T, rows: int, size: int, elements: int = 0) -> None:
+        self.items.append(item)
+        self.item_rows.append(rows)
+        self.item_sizes.append(size)
+        self.item_elements.append(elements)
+        self.rows += rows
+        self.size += size
+        self.elements += elements
+
+
+Pick = Callable[[list[T], int], list[int]]
+"""(waiting items, max_rows) -> indexes of the items that go now (the first always does)."""
 
 
 class DynamicBatcher(Generic[T]):
     """Open groups by key; :meth:`add` and :meth:`due` return the batches to send now."""
 
     def __init__(
-        self, max_rows: int, max_delay_s: float, max_bytes: int | None = None, max_elements: int | None = None
+        self,
+        max_rows: int,
+        max_delay_s: float,
+        max_bytes: int | None = None,
+        max_elements: int | None = None,
+        *,
+        pick: Pick[T] | None = None,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
+        if (pick is None) != (capacity is None):
+            raise ValueError("pick and capacity go together")
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self.max_bytes = max_bytes
         self.max_elements = max_elements
         self._open: dict[Hashable, Batch[T]] = {}
+        self._pick = pick
+        self._capacity = capacity
 
     def add(
         self, key: Hashable, item: T, rows: int, now: float | None = None, size: int = 0, elements: int = 0
@@ -53,6 +87,9 @@ class DynamicBatcher(Generic[T]):
         batches released by this addition. An item over ``max_bytes`` or ``max_elements`` on its
         own still goes, alone."""
         now = time.monotonic() if now is None else now
+        if self._pick is not None:
+            self._open.setdefault(key, Batch(key=key, opened_at=now)).put(item, rows, size, elements)
+            return self._release_picked(now)
         released: list[Batch[T]] = []
         group = self._open.get(key)
         if group is not None and (
@@ -62,10 +99,7 @@ class DynamicBatcher(Generic[T]):
             group = None
         if group is None:
             group = self._open[key] = Batch(key=key, opened_at=now)
-        group.items.append(item)
-        group.rows += rows
-        group.size += size
-        group.elements += elements
+        group.put(item, rows, size, elements)
         if group.rows >= self.max_rows or self._over(group.size, group.elements):
             released.append(self._open.pop(key))
         return released
@@ -77,19 +111,73 @@ class DynamicBatcher(Generic[T]):
         )
 
     def due(self, now: float | None = None) -> list[Batch[T]]:
-        """Groups whose oldest request has waited ``max_delay_s``."""
+        """Groups whose oldest request has waited ``max_delay_s`` (``pick``: or that are full,
+        as many as the stage has room for)."""
         now = time.monotonic() if now is None else now
+        if self._pick is not None:
+            return self._release_picked(now)
         ready = [k for k, g in self._open.items() if now - g.opened_at >= self.max_delay_s]
         return [self._open.pop(k) for k in ready]
 
     def next_due(self) -> float | None:
-        """Monotonic time at which the next group becomes due, if any is open."""
-        if not self._open:
+        """Monotonic time at which the next group becomes due, if any is open (``pick``: and
+        a call can start; else None, and the stage calls :meth:`due` when a call ends)."""
+        if not self._open or (self._capacity is not None and self._capacity() <= 0):
             return None
         return min(g.opened_at for g in self._open.values()) + self.max_delay_s
 
+    def _ready(self, group: Batch[T], now: float) -> bool:
+        return group.rows >= self.max_rows or self._over(group.size, group.elements) or now - group.opened_at >= self.max_delay_s
+
+    def _release_picked(self, now: float) -> list[Batch[T]]:
+        """``pick`` mode: the oldest ready groups, one call each, while the stage has room."""
+        assert self._pick is not None and self._capacity is not None
+        released: list[Batch[T]] = []
+        room = self._capacity()
+        while room > len(released):
+            ready = [g for g in self._open.values() if self._ready(g, now)]
+            if not ready:
+                break
+            released.append(self._take(min(ready, key=lambda g: g.opened_at)))
+        return released
+
+    def _take(self, group: Batch[T]) -> Batch[T]:
+        """One call's worth of ``group``, chosen by ``pick`` (within ``max_bytes``); the rest
+        stays open, keeping its age, so it is first in line."""
+        assert self._pick is not None
+        chosen = set(self._pick(group.items, self.max_rows)) if group.rows > self.max_rows else set(range(len(group.items)))
+        batch: Batch[T] = Batch(key=group.key, opened_at=group.opened_at)
+        for index in sorted(chosen):
+            size, elements = group.item_sizes[index], group.item_elements[index]
+            if batch.items and self._over(batch.size + size, batch.elements + elements):
+                chosen.discard(index)
+            else:
+                batch.put(group.items[index], group.item_rows[index], size, elements)
+        keep = [i for i in range(len(group.items)) if i not in chosen]
+        rest: Batch[T] = Batch(
+            key=group.key,
+            opened_at=group.opened_at,
+            items=[group.items[i] for i in keep],
+            rows=group.rows - batch.rows,
+            size=group.size - batch.size,
+            elements=group.elements - batch.elements,
+            item_rows=[group.item_rows[i] for i in keep],
+            item_sizes=[group.item_sizes[i] for i in keep],
+            item_elements=[group.item_elements[i] for i in keep],
+        )
+        if rest.items:
+            self._open[group.key] = rest
+        else:
+            del self._open[group.key]
+        return batch
+
     def drain(self) -> list[Batch[T]]:
-        """Release every open group (shutdown, rebalance)."""
+        """Release every open group (shutdown, rebalance); ``pick``: in calls of ``max_rows``."""
+        if self._pick is not None:
+            taken = []
+            while self._open:
+                taken.append(self._take(next(iter(self._open.values()))))
+            return taken
         batches = list(self._open.values())
         self._open.clear()
         return batches

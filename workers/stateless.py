@@ -50,6 +50,7 @@ from workers.lanes import lane_priority
 from workers.padding import Padder
 from workers.routing import TensorRouting
 from workers.shadow import ShadowCopy, ShadowMirror
+from workers.tenancy.gate import StageHooks, TenancySettings, stage_batcher, stage_gate
 
 Selector = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
 """Re-addresses a decoded request to the model of its route (:mod:`workers.routed_backend`)."""
@@ -80,6 +81,7 @@ class _Pending:
     rows: int
     enqueued: float
     length: int | None = None  # the true length of a padded request (its outputs are trimmed to it)
+    tenant: str = ""  # tenant quotas: whose request (fair batches)
 
 
 class BatchingStage(StreamStage):
@@ -98,8 +100,11 @@ class BatchingStage(StreamStage):
         padding: Padder | None = None,
         select: Selector | None = None,
         shadow: ShadowMirror | None = None,
+        tenancy: TenancySettings | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
+        self._gate = stage_gate(tenancy, io.stage, metrics, StageHooks(  # NoGate: no tenant quotas
+            lambda s, o: self.outbox.complete(s, o), self.dead_letter, lambda: self._consumer, lambda: self._flow.paused))
         self.backend = backend
         self.routing = routing or TensorRouting()
         self.settings = settings
@@ -123,12 +128,8 @@ class BatchingStage(StreamStage):
             )
         if self.padding is not None:
             self.padding.bind()
-        self._batcher = DynamicBatcher(
-            max_rows,
-            self.settings.max_queue_delay_s,
-            self.settings.max_batch_bytes,
-            max_elements=self.padding.max_batch_elements if self.padding is not None else None,
-        )
+        max_elements = self.padding.max_batch_elements if self.padding is not None else None
+        self._batcher = stage_batcher(max_rows, self.settings, self._tasks, fair=self._gate.fair, max_elements=max_elements)
         device = self.backend.device
         if device:
             self.metrics.device.labels(self.io.stage, device).set(1)
@@ -155,6 +156,8 @@ class BatchingStage(StreamStage):
     # ------------------------------------------------------------------ per record
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         assert self._batcher is not None
+        if not await self._gate.admit(record, slot):
+            return  # delayed, dead-lettered quota-exceeded, or held until due (workers/tenancy)
         try:
             request = decode_request(
                 record.value, list(record.headers or ()), max_value_bytes=self.settings.max_request_bytes
@@ -176,7 +179,8 @@ class BatchingStage(StreamStage):
             return
         rows = self.backend.rows(request)
         length = padded.length if padded is not None else None
-        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic(), length)
+        tenant = self._gate.tenant_or_none(record) if self._gate.fair else ""
+        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic(), length, tenant)
         if (trace := record_trace(slot)) is not None:
             trace.queued()
         size = len(record.value or b"")
@@ -202,6 +206,8 @@ class BatchingStage(StreamStage):
     # ------------------------------------------------------------------ batches
     async def tick(self) -> None:
         assert self._batcher is not None
+        for record, slot in self._gate.due():
+            await self.handle(record, slot)  # delayed and now due: the quota again
         for batch in self._batcher.due():
             self._dispatch(batch)
 
@@ -214,6 +220,7 @@ class BatchingStage(StreamStage):
     async def release(self, partitions: list[Any] | None = None) -> None:
         if self._batcher is None:
             return
+        self._gate.release(partitions)  # held delayed records go back to the delay topic
         for batch in self._batcher.drain():
             self._dispatch(batch)
         if self._tasks:
@@ -230,9 +237,14 @@ class BatchingStage(StreamStage):
     def _dispatch(self, batch: Batch[_Pending]) -> None:
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._batch_done)
         if self.shadow is not None:
             self.shadow.offer([ShadowCopy(i.record, i.message, i.request) for i in batch.items])
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        for batch in self._batcher.due() if self._gate.fair and self._batcher is not None else ():
+            self._dispatch(batch)  # fair batches form when a call can start
 
     async def _run_batch(self, items: list[_Pending]) -> None:
         first = items[0].request

@@ -57,6 +57,8 @@ class ErrorClass(TextEnum):
     UNENCODABLE_OUTPUT = "unencodable-output"
     RESULT_TOO_LARGE = "result-too-large"
     """A result larger than the producer's record limit: dead-lettered with a claim check."""
+    QUOTA_EXCEEDED = "quota-exceeded"
+    """Over its tenant's rate limit (policy dead-letter, or delayed ``max_delays`` times)."""
     # Keeping state.
     CORRUPT_STATE = "corrupt-state"
 

@@ -52,6 +52,13 @@ class PipelineMetrics:
         self.dead_letters = counter(
             "pipeline_dead_letters_total", "Records sent to the dead-letter topic, by error class.", "error_class"
         )
+        self.tenant_requests = counter(
+            "pipeline_tenant_requests_total",
+            "Records of a stage with tenant quotas, by tenant (capped: others are 'other') and "
+            "outcome: served, delayed, quota-exceeded.",
+            "tenant",
+            "outcome",
+        )
         self.reply_routes = counter(
             "pipeline_reply_routes_total",
             "Results whose request named a reply-topic: honoured, or why it was ignored (the result "

@@ -20,6 +20,7 @@ from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.clients import RecordLimits
 from pipeline.kafka.progress import Upstream
 from pipeline.observability.metrics import PipelineMetrics
+from pipeline.runtime.tenant_settings import tenancy_settings, with_delay_topic
 from pipeline.runtime.traffic import shadow_mirror, stateless_backend
 from pipeline.settings import Endpoints, KafkaSettings
 from pipeline.topology.graph import JoinNode
@@ -63,8 +64,9 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
         assert isinstance(backend, TritonModelBackend)  # the topology refuses padding with routes
         model = backend
         padder = Padder(config.padding, config.name, model.model, lambda: model.description)
+    tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
     return BatchingStage(
-        ctx.io,
+        with_delay_topic(ctx.io, tenancy),
         backend,
         batching_settings(config),
         padding=padder,
@@ -74,6 +76,7 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
         routing=routing,
         select=select,
         shadow=shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics),
+        tenancy=tenancy,
     )
 
 

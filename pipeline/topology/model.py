@@ -47,6 +47,7 @@ from pipeline.topology.lanes import Lane, LaneConfig, lane_problem, resolve_lane
 from pipeline.topology.padding import PaddingConfig
 from pipeline.topology.routes import RouteBy, RouteConfig, ShadowConfig, check_routes, shadow_topic
 from pipeline.topology.shared_memory import SharedMemoryConfig
+from pipeline.topology.tenants import TenantsConfig, check_delay_topics
 
 # --------------------------------------------------------------------------- sections
 
@@ -198,6 +199,9 @@ class StatelessStageConfig(_StageBase):
     padding: PaddingConfig | None = None
     """Length-aware batching: pad a variable-length input to buckets (see README
     "Length-aware batching"); null = batches of exactly equal shapes only."""
+
+    tenants: TenantsConfig | None = None
+    """Per-tenant rate limits, over-quota policy and fair batches (chains only); null = none."""
 
     @model_validator(mode="after")
     def _routes(self) -> StatelessStageConfig:
@@ -407,6 +411,8 @@ class Topology(_Strict):
             if stage.routes or stage.shadow:
                 key = "routes" if stage.routes else "shadow"
                 raise _located("graph steps serve one model; routes and shadow are for chains", ("stages", index, key))
+            if stage.tenants is not None:
+                raise _located("tenants are declared on chain stages only", ("stages", index, "tenants"))
             for field in ("input_map", "output_map"):
                 if not getattr(stage, field):
                     raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
@@ -462,6 +468,7 @@ class Topology(_Strict):
             raise _located(
                 "dead_letter_topic and metrics_topic must differ", ("dead_letter_topic",)
             )
+        check_delay_topics(self._delay_topics(chain), [*topics, self.dead_letter_topic, self.metrics_topic])
         self._check_lanes()
         return self
 
@@ -478,6 +485,16 @@ class Topology(_Strict):
     def resolved_lanes(self) -> tuple[Lane, ...]:
         """Every lane, highest first, input_topic's own last; () without lanes."""
         return resolve_lanes(self.input_topic, self.lanes)
+
+    def _delay_topics(self, chain: list[StageTopics]) -> list[tuple[int, str]]:
+        """(stage index, delay topic) of each stage whose over-quota records wait (tenants.py)."""
+        return [
+            (index, delay)
+            for index, (stage, edge) in enumerate(zip(self.stages, chain, strict=True))
+            if isinstance(stage, StatelessStageConfig)
+            and stage.tenants is not None
+            and (delay := stage.tenants.delay_topic_for(edge.input)) is not None
+        ]
 
     def _resolve_chain(self) -> list[StageTopics]:
         """Fill in the topics a file leaves out; reject the ones that contradict each other.
@@ -546,6 +563,7 @@ class Topology(_Strict):
             *(topic for _, topic in self._shadow_topics(chain)),
             self.dead_letter_topic,
             self.metrics_topic,
+            *(topic for _, topic in self._delay_topics(chain)),
         ]
 
     def _shadow_topics(self, chain: list[StageTopics]) -> list[tuple[int, str]]:
