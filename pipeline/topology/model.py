@@ -39,6 +39,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from pipeline.topology.checkpoint import CheckpointConfig
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
 
 # --------------------------------------------------------------------------- scalar types
@@ -370,6 +371,8 @@ class SequenceStageConfig(_StageBase):
     answer its readiness probe is an outage (waits, nothing dead-lettered)."""
     postprocess: VadSegmentsConfig | None = None
     """What to emit besides each chunk's outputs; null = chunk results only."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """How many chunks of a stream one state checkpoint covers (coalesced checkpoints)."""
 
     @model_validator(mode="before")
     @classmethod
