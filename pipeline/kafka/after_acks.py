@@ -11,6 +11,11 @@ owner's rolls the key back in the compacted changelog. So before they are handed
 producer they pass the outbox's membership fence (:class:`pipeline.kafka.membership.LineFence`):
 they wait while the lease is unconfirmed and are dropped if their partition is handed back.
 Kept apart from :class:`pipeline.kafka.outbox.Outbox`, which calls :meth:`AfterAcks.send`.
+
+Coalesced checkpoints (:mod:`pipeline.kafka.checkpoint_group`) wait for more than their own
+slot's results: ``sent`` then also holds the results of the group's held slots; a group
+closed with no slot to carry its checkpoint goes through :meth:`AfterAcks.send_alone`, in
+the same per-line order.
 """
 
 from __future__ import annotations
@@ -26,27 +31,51 @@ from pipeline.kafka.ordering import Slot
 
 #: The outbox's send of ``slot.output[index]``: (output, slot, index) -> its delivery future.
 SendOne = Callable[[Any, Slot[Any], int], Awaitable[asyncio.Future[Any]]]
+#: The producer's send of one record no slot carries: output -> its delivery future.
+SendRecord = Callable[[Any], Awaitable[asyncio.Future[Any]]]
 
 
 class AfterAcks:
     """Sends the after-acks tail of slots, per partition line in slot order."""
 
-    def __init__(self, send: SendOne, fence: LineFence) -> None:
+    def __init__(self, send: SendOne, fence: LineFence, send_record: SendRecord) -> None:
         self._send = send
+        self._send_record = send_record
         self._fence = fence
         self._barriers: dict[TopicPartition, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def send(self, slot: Slot[Any], sent: list[asyncio.Future[Any]], split: int) -> asyncio.Future[None]:
-        """Send ``slot.output[split:]`` once ``sent`` (the slot's outputs before ``split``) are
-        acknowledged. The future resolves when they are acknowledged, or dropped by the fence;
-        it fails with whatever failed."""
+        """Send ``slot.output[split:]`` once ``sent`` (the slot's outputs before ``split``, and
+        those of the slots its checkpoint covers) are acknowledged. The future resolves when
+        they are acknowledged, or dropped by the fence; it fails with whatever failed."""
+
+        async def rest() -> list[asyncio.Future[Any]]:
+            assert slot.output is not None
+            admitted = await self._fence.admitted(slot, len(slot.output) - split)
+            return [await self._send(out, slot, i) for i, out in enumerate(slot.output) if admitted and i >= split]
+
+        return self._chain(slot, sent, rest)
+
+    def send_alone(self, anchor: Slot[Any], records: list[Any], sent: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
+        """Send ``records`` (a group's checkpoint with no slot to ride on) once ``sent`` are
+        acknowledged, in ``anchor``'s line order and through the fence as ``anchor``'s outputs."""
+
+        async def rest() -> list[asyncio.Future[Any]]:
+            admitted = await self._fence.admitted(anchor, len(records))
+            return [await self._send_record(out) for out in records] if admitted else []
+
+        return self._chain(anchor, sent, rest)
+
+    def _chain(
+        self, slot: Slot[Any], sent: list[asyncio.Future[Any]], rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]
+    ) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
         previous = self._barriers.get(slot.tp)
         enqueued: asyncio.Future[None] = loop.create_future()
         self._barriers[slot.tp] = enqueued
         done: asyncio.Future[None] = loop.create_future()
-        task = asyncio.create_task(self._send_after(previous, enqueued, done, sent, split, slot))
+        task = asyncio.create_task(self._send_after(previous, enqueued, done, sent, rest))
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
         return done
@@ -57,18 +86,15 @@ class AfterAcks:
         enqueued: asyncio.Future[None],
         done: asyncio.Future[None],
         sent: list[asyncio.Future[Any]],
-        split: int,
-        slot: Slot[Any],
+        rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]],
     ) -> None:
         try:
             if previous is not None:
                 await asyncio.shield(previous)
             await asyncio.gather(*sent)
-            assert slot.output is not None
-            admitted = await self._fence.admitted(slot, len(slot.output) - split)
-            rest = [await self._send(out, slot, i) for i, out in enumerate(slot.output) if admitted and i >= split]
+            delivered = await rest()
             enqueued.set_result(None)
-            await asyncio.gather(*rest)
+            await asyncio.gather(*delivered)
         except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
             if not enqueued.done():
                 enqueued.set_exception(exc)

@@ -29,6 +29,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 from pipeline.contract.headers import Headers
 from pipeline.kafka.after_acks import AfterAcks
+from pipeline.kafka.checkpoint_group import CheckpointGroup, CheckpointGroups
 from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
 from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
 
@@ -90,6 +91,15 @@ class ReplyRouting(Protocol):
     async def unroute(self, outputs: Outputs) -> Outputs: ...
 
 
+async def send_record(producer: AIOKafkaProducer, out: OutRecord) -> asyncio.Future[Any]:
+    """Hand ``out`` to the producer; returns its delivery future."""
+    fut: asyncio.Future[Any] = await producer.send(
+        out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition,
+        timestamp_ms=out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None,
+    )
+    return fut
+
+
 class Outbox:
     """Ordered emission and safe commits for one consumer's partitions."""
 
@@ -113,7 +123,9 @@ class Outbox:
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
         self._delivery: set[asyncio.Future[Any]] = set()
-        self._after_acks = AfterAcks(self._send, self._fence)
+        self._send_record = functools.partial(send_record, producer)
+        self._after_acks = AfterAcks(self._send, self._fence, self._send_record)
+        self.groups = CheckpointGroups(self._acknowledge, self._after_acks, self._delivery)  # coalesced checkpoints
         self._senders: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
@@ -127,11 +139,13 @@ class Outbox:
             slot.trace = tracer.consumed(record)
         return slot
 
-    def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs) -> None:
-        """Give a slot its outputs (possibly none); they are produced once everything before is."""
+    def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs, *, group: CheckpointGroup | None = None) -> None:
+        """Give a slot its outputs (possibly none); they are produced once everything before is
+        (in a ``group``, committed past only with the group's checkpoint: ``CheckpointGroups``)."""
         if slot.output is not None or slot in self._claiming:
             return  # first answer wins (e.g. a deadline fired while the batch returned)
         outputs = (output,) if isinstance(output, OutRecord) else tuple(output)
+        self.groups.register(slot, outputs, group)
         if slot.trace is not None:
             outputs = slot.trace.completed(outputs)  # results carry the record span's traceparent
         if self._oversize is not None and any(self._oversize.too_large(out) for out in outputs):
@@ -170,8 +184,8 @@ class Outbox:
         return ages
 
     def raise_if_failed(self) -> None:
-        if self._failure is not None:
-            raise self._failure
+        if (failure := self._failure or self.groups.failure) is not None:
+            raise failure
 
     # ------------------------------------------------------------------ emission
     async def emit_ready(self) -> None:
@@ -186,12 +200,12 @@ class Outbox:
                 sent = [await self._send(out, slot, i) for i, out in enumerate(now)]
                 done: asyncio.Future[Any]
                 if later:
-                    done = self._after_acks.send(slot, sent, split)  # checkpoints: in slot order, after `sent`
+                    done = self._after_acks.send(slot, [*sent, *self.groups.covered(slot)], split)  # in slot order
                 elif sent:
                     # One output (the common case) needs no gather: watch its own future.
                     done = sent[0] if len(sent) == 1 else asyncio.gather(*sent)
                 else:
-                    self._acknowledge(slot)
+                    self.groups.acknowledge(slot)
                     continue
                 self._delivery.add(done)
                 done.add_done_callback(functools.partial(self._delivered, slot=slot))
@@ -220,13 +234,6 @@ class Outbox:
         slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
         return await self._send_record(out)
 
-    async def _send_record(self, out: OutRecord) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = await self._producer.send(
-            out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition,
-            timestamp_ms=out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None,
-        )
-        return fut
-
     def _delivered(self, fut: asyncio.Future[Any], slot: Slot[Outputs]) -> None:
         self._delivery.discard(fut)
         if fut.cancelled():
@@ -244,8 +251,9 @@ class Outbox:
             # aiokafka already retried; an undeliverable output must not be committed past.
             log.error("output for %s@%d not delivered: %s", slot.tp, slot.offset, exc)
             self._failure = exc
+            self.groups.failed(slot, exc)
             return
-        self._acknowledge(slot)
+        self.groups.acknowledge(slot)
 
     def _again(self, exc: BaseException, slot: Slot[Outputs]) -> Callable[[Outputs], Awaitable[Outputs]] | None:
         """How to send a slot's outputs once more after the broker refused them (None: the
@@ -339,4 +347,5 @@ class Outbox:
         """Drop a revoked partition's unfinished slots (its next owner replays them)."""
         for slot in [s for s in self._claiming if s.tp == tp]:
             self._claiming.pop(slot).cancel()
+        self.groups.forget(tp)
         return self._fence.handed_back(self._offsets.forget(tp))

@@ -38,6 +38,7 @@ from workers.join import JoinSettings, JoinStage
 from workers.padding import Padder
 from workers.routing import TensorRouting
 from workers.sequence import SequenceSettings, SequenceStage
+from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
 from workers.stateless import BatchingSettings, BatchingStage
 from workers.triton_backend import TritonModelBackend
@@ -92,10 +93,12 @@ def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
     assert isinstance(config, SequenceStageConfig)
     post = config.postprocess
     # The settings share their field names with the topology's; only these two differ in type.
-    same = {f.name: getattr(config, f.name) for f in fields(SequenceSettings) if f.name not in ("retry", "vad")}
+    differ = ("retry", "vad", "checkpoint")
+    same = {f.name: getattr(config, f.name) for f in fields(SequenceSettings) if f.name not in differ}
     settings = SequenceSettings(
         **same,
         retry=retry_policy(config.retry),
+        checkpoint=CheckpointPolicy(**config.checkpoint.model_dump()),
         vad=None if post is None else VadSettings(**post.model_dump(exclude={"kind"})),
     )
     return SequenceStage(

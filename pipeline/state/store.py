@@ -141,8 +141,13 @@ class KeyedStateStore(Generic[S]):
     # ------------------------------------------------------------------ changes
     def put(self, key: bytes, state: S, partition: int, *, ttl_s: float | None = None) -> OutRecord:
         """Set ``key``'s state (renewing its time-to-live); returns its checkpoint record."""
-        self._set(key, state, partition, ttl_s)
+        self.keep(key, state, partition, ttl_s=ttl_s)
         return self.checkpoint(key)
+
+    def keep(self, key: bytes, state: S, partition: int, *, ttl_s: float | None = None) -> None:
+        """Set ``key``'s state without encoding a checkpoint (a later :meth:`checkpoint`
+        covers it: coalesced checkpoints)."""
+        self._set(key, state, partition, ttl_s)
 
     def touch(self, key: bytes, *, ttl_s: float | None = None) -> None:
         """Renew ``key``'s time-to-live without changing its state."""

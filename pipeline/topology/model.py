@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.topology.checkpoint import CheckpointConfig
 from pipeline.topology.fields import (  # the shared scalar types, re-exported here
     _TOPIC_MAX,
     Endpoint,
@@ -304,6 +305,8 @@ class SequenceStageConfig(_StageBase):
     answer its readiness probe is an outage (waits, nothing dead-lettered)."""
     postprocess: VadSegmentsConfig | None = None
     """What to emit besides each chunk's outputs; null = chunk results only."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """How many chunks of a stream one state checkpoint covers (coalesced checkpoints)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.kafka_io import header, produce
+from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.own_triton import OwnTriton
 from tests.helpers.streams import (
     AUDIO_STAGES,
@@ -128,10 +128,13 @@ def _fault_run(  # type: ignore[no-untyped-def]
     streams: dict[str, tuple[int, int]],
     fault,
     rate: float = 600.0,
+    seen: list[TopologyFiles] | None = None,
 ) -> dict:
     """On a 4-partition topology of ``stages``: produce the streams at a steady rate, apply
-    ``fault(worker)`` mid-stream, collect everything."""
+    ``fault(worker)`` mid-stream, collect everything (the topology appended to ``seen``)."""
     topo = write_topology(tmp_path, partitions=4, stages=stages)
+    if seen is not None:
+        seen.append(topo)
     worker = PipelineProcess(topo, env, tmp_path / "worker.log").start()
     producer = threading.Thread(target=_run_streams, args=(topo, kafka_bootstrap, streams, rate))
     producer.start()
@@ -203,3 +206,30 @@ def test_second_worker_joining_mid_stream_moves_streams_without_loss_or_reorderi
             worker.terminate()
     assert moved > 0, "no stream moved to the second worker"
     _check_faulted(results, streams, record_property, "rebalance")
+
+
+@TOPOLOGIES
+def test_kill_9_with_coalesced_checkpoints_changes_no_output(
+    stages: list[dict],  # type: ignore[type-arg]
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path, record_property: pytest.RecordProperty,
+) -> None:
+    """kill -9 while one checkpoint covers up to 16 chunks of a stream: the chunks after a
+    stream's last checkpoint are replayed and re-applied from it, so the outputs still equal
+    the offline run's (exact duplicates allowed). Produced faster than the worker applies
+    them, so streams' chunks queue up and checkpoints really are coalesced (counted)."""
+    coalescing = {"checkpoint": {"every_chunks": 16, "max_interval_ms": 1000}}
+    stages = [{**s, **coalescing} if s["kind"] == "sequence" else s for s in stages]
+    streams = _streams("kill-9-coalesced", 12)
+
+    def crash(worker: PipelineProcess) -> PipelineProcess:
+        worker.kill()
+        return PipelineProcess(worker.topology, cli_env, tmp_path / "restarted.log").start()
+
+    topo: list[TopologyFiles] = []
+    results = _fault_run(stages, kafka_bootstrap, cli_env, tmp_path, streams, crash, rate=3000.0, seen=topo)
+    _check_faulted(results, streams, record_property, "kill_9_coalesced")
+    state = asyncio.run(collect(kafka_bootstrap, [f"{topo[0].name}.vad.state"], done=lambda _: False, timeout=5))
+    chunks = sum(len(r.chunks) for r in results.values())
+    record_property("checkpoints_per_chunk", round(len(state.records) / chunks, 3))
+    print(f"{len(state.records)} checkpoints for {chunks} chunks")
+    assert len(state.records) < chunks / 2, "checkpoints were not coalesced"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.failure_policy import RetryPolicy
+from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
 
 
@@ -40,3 +41,5 @@ class SequenceSettings:
     """Client deadline of one Triton call (a hung Triton times out into an outage wait)."""
     vad: VadSettings | None = None
     """The ``vad_segments`` post-processor's settings; None: chunk results only."""
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    """How many applied chunks one checkpoint of a stream covers (``checkpoints.checkpoint_due``)."""

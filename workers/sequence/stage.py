@@ -12,8 +12,9 @@ the stream's checkpoint. A chunk is never applied twice, across crashes too,
 because the digests of applied chunks are part of the checkpoint.
 
 Crash consistency (argued in docs/streaming.md): the checkpoint is written
-through the keyed state store *after* the chunk's results are acknowledged and
-the input offset is committed after both; a new owner restores the state of its
+through the keyed state store *after* the results of every chunk it covers are
+acknowledged (one checkpoint may cover several chunks: ``checkpoints.checkpoint_due``)
+and the input offsets are committed after both; a new owner restores the state of its
 partitions before consuming them; replayed chunks at or below the checkpoint are
 exact duplicates and are dropped, the rest are recomputed from exactly the
 checkpointed state.
@@ -38,6 +39,7 @@ from pipeline.observability.record_trace import record_span
 from pipeline.settings import KafkaSettings, TritonSettings
 from workers.base import StageIO
 from workers.event_time import EventTimeClock
+from workers.sequence.checkpoints import close_pending, complete_chunk
 from workers.sequence.chunks import CHUNK_INDEX, Chunk, Placement, parse_chunk, placement
 from workers.sequence.model import SequenceModel
 from workers.sequence.postprocess import Emission, NoPostProcessing, PostProcessor, VadSegments
@@ -148,6 +150,7 @@ class SequenceStage(StatefulStage):
                     await self._skip_gap(stream)
             else:
                 await self._place(stream, item)
+        close_pending(self.outbox, self.states, stream.pending, stream.handle.key)
 
     async def _place(self, stream: Stream, chunk: Chunk) -> None:
         key = stream.handle.key
@@ -219,8 +222,9 @@ class SequenceStage(StatefulStage):
         work.ended = ending
         ttl = self.settings.ended_retention_s if ending else None
         records = [self.results.emission(origin, e) for e in emissions]
-        records.append(self.states.put(key, work, partition, ttl_s=ttl))
-        self.outbox.complete(chunk.slot, tuple(records))
+        self.states.keep(key, work, partition, ttl_s=ttl)
+        more = not stream.queue.empty()  # another chunk of the stream follows: its checkpoint may wait
+        complete_chunk(self.outbox, self.states, self.settings.checkpoint, stream.pending, chunk.slot, records, key, ending=ending, more_on_hand=more)
 
     # ------------------------------------------------------------------ time
     async def tick(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
+from workers.sequence.checkpoints import PendingCheckpoint
 from workers.sequence.chunks import Chunk
 from workers.sequence.model import StreamHandle
 from workers.sequence.results import Origin
@@ -31,6 +32,7 @@ class Stream:
     task: asyncio.Task[None] | None = None
     origin: Origin | None = None  # the latest chunk's key/request/headers, for a closing summary
     gaps: list[tuple[int, int]] = field(default_factory=list)  # skipped [start, stop), reported with the next result
+    pending: PendingCheckpoint = field(default_factory=PendingCheckpoint)  # applied, not yet checkpointed
 
     @property
     def busy(self) -> bool:
