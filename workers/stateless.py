@@ -24,15 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.records import result_headers
-from pipeline.contract.request import InferenceRequest, decode_request, forward_request
+from pipeline.contract.request import InferenceRequest, forward_request
 from pipeline.contract.response import encode_response
 from pipeline.failure_policy import FailureKind, GaveUp, RetryPolicy, call_with_retry
 from pipeline.kafka.ordering import Slot
@@ -46,14 +45,11 @@ from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
 from workers.fair_gate import FairGate
-from workers.lanes import lane_priority
+from workers.intake import RequestIntake, Selector
 from workers.padding import Padder
 from workers.routing import TensorRouting
 from workers.shadow import ShadowCopy, ShadowMirror
 from workers.tenancy.gate import StageHooks, TenancySettings, stage_batcher, stage_gate
-
-Selector = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
-"""Re-addresses a decoded request to the model of its route (:mod:`workers.routed_backend`)."""
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +105,8 @@ class BatchingStage(StreamStage):
         self.routing = routing or TensorRouting()
         self.settings = settings
         self.padding = padding
+        self.intake = RequestIntake(backend, settings, self.routing, select, padding, io.lanes)
         self._warmup = warmup
-        self._select = select
         self.shadow = shadow
         self._batcher: DynamicBatcher[_Pending] | None = None
         # Round-robin across models when batches queue (task routes); FIFO with one model.
@@ -159,49 +155,25 @@ class BatchingStage(StreamStage):
         if not await self._gate.admit(record, slot):
             return  # delayed, dead-lettered quota-exceeded, or held until due (workers/tenancy)
         try:
-            request = decode_request(
-                record.value, list(record.headers or ()), max_value_bytes=self.settings.max_request_bytes
-            )
-            message = request
-            request = self.routing.to_model(message)
-            if self._select is not None:
-                request = self._select(record, request)
-            padded = self.padding.pad(request) if self.padding is not None else None
-            if padded is not None:
-                request = padded.request  # keyed by its bucket, so mixed lengths share batches
-            prepared = self.backend.check(request)
+            admitted = self.intake.admit(record)
         except BadRequest as bad:
             self.dead_letter(record, slot, bad.error_class, bad.reason)
             return
-        request = self._with_defaults(request, record)
+        request = admitted.request
         if _expired(request):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        length = padded.length if padded is not None else None
         tenant = self._gate.tenant_or_none(record) if self._gate.fair else ""
-        pending = _Pending(record, slot, request, message, prepared, rows, time.monotonic(), length, tenant)
+        pending = _Pending(
+            record, slot, request, admitted.message, admitted.prepared, rows, time.monotonic(), admitted.length, tenant
+        )
         if (trace := record_trace(slot)) is not None:
             trace.queued()
         size = len(record.value or b"")
-        elements = padded.elements if padded is not None else 0
-        for batch in self._batcher.add(self.backend.batch_key(request), pending, rows, size=size, elements=elements):
+        key = self.backend.batch_key(request)
+        for batch in self._batcher.add(key, pending, rows, size=size, elements=admitted.elements):
             self._dispatch(batch)
-
-    def _with_defaults(self, request: InferenceRequest, record: ConsumedRecord) -> InferenceRequest:
-        """Apply the stage's default deadline (from the record's timestamp), priority (its
-        lane's, else the stage's) and timeout."""
-        s = self.settings
-        changes: dict[str, Any] = {}
-        lane = lane_priority(self.io.lanes, record.topic)
-        priority = lane if lane is not None else s.default_priority
-        if request.deadline_ms is None and s.default_deadline_ms is not None and record.timestamp > 0:
-            changes["deadline_ms"] = record.timestamp + s.default_deadline_ms
-        if request.priority is None and priority is not None:
-            changes["priority"] = priority
-        if request.timeout_us is None and s.default_timeout_ms is not None:
-            changes["timeout_us"] = s.default_timeout_ms * 1000
-        return replace(request, **changes) if changes else request
 
     # ------------------------------------------------------------------ batches
     async def tick(self) -> None:
