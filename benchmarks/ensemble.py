@@ -11,9 +11,20 @@ FP32 features (tensor ``raw``), key = correlation ID, 4-partition topics.
 (s1) branch 1 alone   chain normalise (feature_norm) -> classify (dense_classifier)
 (s2) branch 2 alone   chain normalise (feature_norm) -> score (anomaly_score)
 (e2) the ensemble     graph normalise -> {classify, score} -> inner join -> result
+(f1) branch 1 fused   s1's chain with ``fuse: [{steps: [normalise, classify]}]``
+                      (topologies/chain.yaml): ONE stage calling a generated Triton
+                      ensemble, no Kafka hop between the two models
+(ef) e2 fused         e2's graph with ``fuse: [{steps: [normalise, classify, score]}]``:
+                      ONE stage calling a generated fan-out ensemble (both branches
+                      in Triton), no join stage, no Kafka hop inside
 
 Target: e2 >= 0.8 x min(s1, s2), i.e. running both branches and joining them
-costs at most 20 % of the throughput of the slower branch alone.
+costs at most 20 % of the throughput of the slower branch alone. f1 / s1 is
+what fusing the chain gains over the same chain across Kafka; f1 / d is how
+close the fused stage gets to the slower member model called directly (d:
+dense_classifier and feature_norm each called over gRPC by the benchmark
+itself, batches of 64 rows, 4 in flight, no Kafka: the bound a stage chasing
+that model cannot beat). ef / min(s1, s2) is e2's ratio with fusing on.
 
 Method (``benchmarks.stateless``'s, with the helpers of ``benchmarks.common``):
 the three workers start at once (their consumer-group joins overlap), each gets
@@ -73,6 +84,7 @@ from benchmarks.common import (
     produce_at_rate,
     read_topic,
 )
+from benchmarks.direct_triton import direct_rows_per_s
 from benchmarks.harness import StackBenchmark, StackUp, embedded_stack, finish
 from benchmarks.metrics import Values, delta_mean, scrape_worker
 from benchmarks.report import fmt, verdict
@@ -104,7 +116,11 @@ CASES: dict[str, str] = {
     "s1": "normalise -> classify",
     "s2": "normalise -> score",
     "e2": "normalise -> {classify, score} -> join",
+    "f1": "normalise -> classify fused (one Triton ensemble)",
+    "ef": "normalise -> {classify, score} fused (one Triton ensemble, no join)",
 }
+FUSE = [{"steps": ["normalise", "classify"]}]
+FUSE_E2 = [{"steps": ["normalise", "classify", "score"]}]
 
 console = report.wide_console(140)
 
@@ -312,6 +328,25 @@ class Benchmark(StackBenchmark[Config]):
                 },
             )
             outputs, last, run = tuple(base["outputs"]), "join-result", (*names, "join-result")
+        elif key == "ef":
+            topology = write_topology(
+                topo_dir,
+                partitions=PARTITIONS,
+                stages=base["stages"],
+                extra={**common, "inputs": base["inputs"], "outputs": base["outputs"], "fuse": FUSE_E2},
+            )
+            last = "normalise--score"
+            outputs, run = tuple(base["outputs"]), (last,)
+        elif key == "f1":
+            names = ("normalise", "classify")
+            topology = write_topology(
+                topo_dir,
+                partitions=PARTITIONS,
+                stages=[steps[name] for name in names],
+                extra={**common, "inputs": base["inputs"], "outputs": ["logits"], "fuse": FUSE},
+            )
+            last = "normalise--classify"
+            outputs, run = ("logits",), (last,)
         else:
             branch = "classify" if key == "s1" else "score"
             names = ("normalise", branch)
@@ -519,6 +554,8 @@ async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
                 f"    ({case.key}) throughput {r.throughput:,.0f} req/s over {r.window_s:.2f}s "
                 f"({r.requests:,} requests; {time.perf_counter() - started:.1f}s)"
             )
+        if "f1" in bench.cases:
+            extra.update(await direct_members(bench))
         slowest = min(c.result.throughput or 0.0 for c in bench.cases.values())
         rate = min(cfg.latency_load * slowest, cfg.latency_max_rate)
         console.print(f"    latency phases at {rate:,.0f} req/s ...")
@@ -548,6 +585,22 @@ async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
     return {**{key: case.result for key, case in bench.cases.items()}, **extra}
 
 
+async def direct_members(bench: Benchmark) -> dict[str, CaseResult]:
+    """(d-...) the fused chain's member models called directly (benchmarks.direct_triton),
+    while every worker idles; rows/s, one row = one request of the Kafka cases."""
+    raw = random_features(64, bench.next_seed())
+    results = {}
+    for key, model, tensor, rows in (
+        ("d-norm", "feature_norm", "raw", raw),
+        ("d-classify", "dense_classifier", "features", norm_reference(raw)),
+    ):
+        result = CaseResult(key, f"{model} direct gRPC, 64 rows x 4 in flight, no Kafka", unit="rows/s")
+        result.throughput = await direct_rows_per_s(bench.endpoints.triton, model, tensor, rows)
+        console.print(f"    ({key}) {result.throughput:,.0f} rows/s")
+        results[key] = result
+    return results
+
+
 # =========================================================================== report
 def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
     def ok(key: str) -> CaseResult | None:
@@ -555,7 +608,18 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         return r if r is not None and r.error is None and r.throughput else None
 
     out: dict[str, Any] = {}
-    e2, s1, s2 = ok("e2"), ok("s1"), ok("s2")
+    f1, s1 = ok("f1"), ok("s1")
+    direct = [r.throughput for r in (ok("d-norm"), ok("d-classify")) if r is not None and r.throughput]
+    if f1 is not None and f1.throughput:
+        if s1 is not None and s1.throughput:
+            out["f1_over_s1"] = f1.throughput / s1.throughput
+        if len(direct) == 2:
+            out["f1_over_min_direct"] = f1.throughput / min(direct)
+    ef, s2 = ok("ef"), ok("s2")
+    if ef is not None and s1 is not None and s2 is not None:
+        assert ef.throughput and s1.throughput and s2.throughput
+        out["ef_over_min_s"] = ef.throughput / min(s1.throughput, s2.throughput)
+    e2 = ok("e2")
     if e2 is None or s1 is None or s2 is None:
         return out
     assert e2.throughput and s1.throughput and s2.throughput
@@ -623,7 +687,24 @@ def print_report(meta: dict[str, Any], results: dict[str, CaseResult], rat: dict
     console.print(table)
     for note in notes:
         console.print(note)
-    if rat:
+    if "f1_over_s1" in rat or "f1_over_min_direct" in rat:
+        console.print(
+            "fused chain: "
+            + "; ".join(
+                f"{label} = [bold]{rat[key]:.2f}[/]"
+                for key, label in (
+                    ("f1_over_s1", "f1 / s1 (fused over the same chain across Kafka)"),
+                    ("f1_over_min_direct", "f1 / min(d-norm, d-classify) (over the slower member alone, direct)"),
+                )
+                if key in rat
+            )
+        )
+    if "ef_over_min_s" in rat:
+        console.print(
+            f"ef (e2 fused) / min(s1, s2) = [bold]{rat['ef_over_min_s']:.2f}[/] (target >= {TARGET} "
+            f"with fusing on): {verdict(rat['ef_over_min_s'] >= TARGET)}"
+        )
+    if "e2_over_min_s" in rat:
         cpu = rat["cpu_us_per_request"]
         console.print(
             f"e2 / min(s1, s2) = [bold]{rat['e2_over_min_s']:.2f}[/] (slower branch: "
@@ -664,7 +745,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
             "help": "latency rate as a fraction of the slowest case's throughput (default 0.5)"
         },
         latency_attempts={"default": 2},
-        cases={"default": "s1,s2,e2", "help": "comma-separated subset of s1,s2,e2"},
+        cases={"default": "s1,s2,e2,f1,ef", "help": "comma-separated subset of s1,s2,e2,f1,ef"},
         profile={
             "help": "record every case's throughput rounds with py-spy "
             "(raw stacks, line numbers) in DIR"

@@ -9,8 +9,9 @@ against MinIO in production and against any other S3-compatible server.
 from __future__ import annotations
 
 import contextlib
+import io
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -184,6 +185,16 @@ class ModelStore:
         for model in models:
             keys = self._upload_model(model, advance)
             self._delete_keys(set(self._list_keys(model.name)) - keys)
+
+    def put_generated(self, name: str, files: Mapping[str, bytes]) -> None:
+        """Replace model ``name`` with ``files`` (relative path -> content) made in memory,
+        such as a generated ensemble; objects the new copy lacks are dropped, as in :meth:`push`."""
+        self.ensure_bucket()
+        prefix = self._model_prefix(name)
+        for relpath, content in sorted(files.items()):
+            with self._errors(f"upload of {prefix + relpath}"):
+                self._client.put_object(self.bucket, prefix + relpath, io.BytesIO(content), length=len(content))
+        self._delete_keys(set(self._list_keys(name)) - {prefix + relpath for relpath in files})
 
     def _upload_model(self, model: LocalModel, advance: Callable[[int], None]) -> set[str]:
         """Upload one model's files; returns the keys written."""

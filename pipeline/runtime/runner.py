@@ -26,6 +26,7 @@ from pipeline.kafka.copartition import check_copartitioned
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.snapshot import publish_snapshots
 from pipeline.observability.tracing import start_tracing
+from pipeline.runtime.fused_models import ensure_fused_models
 from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT, HealthServer
 from pipeline.runtime.lag import refresh_lag
 from pipeline.runtime.stages import build_stages, record_limits
@@ -95,6 +96,8 @@ async def run_topology(
     )
     if created:
         log.info("created topics: %s", ", ".join(created))
+    # Fused chains' ensembles: pushed and loaded before any stage checks its model.
+    await asyncio.to_thread(ensure_fused_models, topology, endpoints, only_stages)
     tracing = start_tracing(f"pipeline.{topology.name}")  # OTEL_* variables; off unless asked for
     try:
         await _serve(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import EndpointUnreachable
 from pipeline.topology.described import Describe, ModelLike, TensorLike
+from pipeline.topology.fusion import fusable_problems
 from pipeline.topology.model import SequenceStageConfig, Stage, StatelessStageConfig, Topology
 from pipeline.topology.padding_compat import check_padding
 
@@ -211,4 +212,25 @@ def check_compatibility(topology: Topology, describe: Describe) -> list[str]:
         if previous is not None and current is not None and not topology.is_graph:
             problems += _check_edge(*previous, *current)
         previous = current
+    return problems + _check_fused(topology, cache)
+
+
+def _check_fused(topology: Topology, cache: dict[tuple[str, str], ModelLike | Exception]) -> list[str]:
+    """Every member of a fused chain must be able to run inside a Triton ensemble."""
+    problems = []
+    for chain in topology.fuse:
+        for step in chain.steps:
+            stage = topology.stage(step)
+            assert isinstance(stage, StatelessStageConfig)
+            model = cache.get((stage.model, stage.model_version))
+            if model is None or isinstance(model, Exception):
+                continue  # already reported as unavailable
+            problems += fusable_problems(
+                step,
+                stage.model,
+                max_batch_size=model.max_batch_size,
+                # Read when the description has them (Triton's does; hand-made ones may not).
+                sequence=getattr(model, "sequence_batching", None) is not None,
+                decoupled=bool(getattr(model, "decoupled", False)),
+            )
     return problems

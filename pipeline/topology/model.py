@@ -43,6 +43,7 @@ from pipeline.topology.fields import (  # the shared scalar types, re-exported h
     _located,
     _Strict,
 )
+from pipeline.topology.fusion import FusedChain, FusionError, check_chains, fuse_steps, fused_stage, interface
 from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
 from pipeline.topology.lanes import Lane, LaneConfig, lane_problem, resolve_lanes
 from pipeline.topology.padding import PaddingConfig
@@ -379,20 +380,29 @@ class Topology(_Strict):
     it, the idlest open join is closed as if its window ended (inner: its branches are
     dead-lettered; outer: a partial result). null = unbounded."""
     stages: list[Stage] = Field(min_length=1)
+    fuse: list[FusedChain] = Field(default_factory=list)
+    """Graph topologies: sets of stateless steps (a chain, or a fan-out + inner join), each run as
+    ONE stage through a generated Triton ensemble (no Kafka hop or join stage inside); the entry
+    step first. See pipeline/topology/fusion.py."""
 
     @property
     def is_graph(self) -> bool:
         return self.outputs is not None
 
-    def graph(self) -> Graph:
-        """The compiled graph (graph topologies only)."""
+    def step_specs(self) -> list[StepSpec]:
+        """The unfused graph steps: each stateless stage's name and tensor maps."""
+        return [
+            StepSpec(s.name, s.input_map, s.output_map, s.join.mode, s.join.window_ms)
+            for s in self.stages
+            if isinstance(s, StatelessStageConfig)
+        ]
+
+    def graph(self, *, fused: bool = True) -> Graph:
+        """The compiled graph (graph topologies only); ``fused=False``: every step its own stage."""
+        steps = self.step_specs()
         return compile_graph(
             topology=self.name,
-            steps=[
-                StepSpec(s.name, s.input_map, s.output_map, s.join.mode, s.join.window_ms)
-                for s in self.stages
-                if isinstance(s, StatelessStageConfig)
-            ],
+            steps=fuse_steps(steps, self.fuse, self.outputs or []) if fused else steps,
             inputs=self.inputs or [],
             outputs=self.outputs or [],
             input_topic=self.input_topic,
@@ -420,7 +430,7 @@ class Topology(_Strict):
                 if not getattr(stage, field):
                     raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
         try:
-            self.graph()
+            self.graph(fused=False)
         except GraphError as exc:
             where = next((i for i, s in enumerate(self.stages) if s.name == exc.step), None)
             raise _located(str(exc), ("stages", where, exc.field_name) if where is not None else (exc.field_name,)) from None
@@ -438,6 +448,16 @@ class Topology(_Strict):
         if self.is_graph:
             self._check_graph()
             self._check_lanes()
+        try:
+            check_chains(
+                self.fuse,
+                {s.name: s.kind for s in self.stages},
+                is_graph=self.is_graph,
+                unfused=self.graph(fused=False) if self.is_graph else None,
+            )
+        except FusionError as exc:
+            raise _located(str(exc), exc.at) from None
+        if self.is_graph:
             return self
         chain = self._resolve_chain()
         topics = [chain[0].input, *(t.output for t in chain)]
@@ -549,8 +569,9 @@ class Topology(_Strict):
 
     def group_id(self, stage: str) -> str:
         """Kafka consumer group of ``stage``: every worker running it joins this group."""
-        joins = self.graph().joins if self.is_graph else {}
-        if not any(s.name == stage for s in self.stages) and stage not in joins:
+        graph = self.graph() if self.is_graph else None
+        known = [*graph.steps, *graph.joins] if graph is not None else [s.name for s in self.stages]
+        if stage not in known and not any(s.name == stage for s in self.stages):
             raise KeyError(f"topology {self.name!r} has no stage {stage!r}")
         return f"{self.name}.{stage}"
 
@@ -592,8 +613,13 @@ class Topology(_Strict):
         return stateful
 
     def stage(self, name: str) -> Stage:
-        """The stage called ``name``."""
+        """The stage called ``name``; a fused chain's name gives its fused stage's configuration."""
         for stage in self.stages:
             if stage.name == name:
                 return stage
+        for chain in self.fuse:
+            if chain.stage_name == name:
+                first = self.stage(chain.steps[0])
+                assert isinstance(first, StatelessStageConfig)
+                return fused_stage(chain, first, self.name, interface(chain, self.step_specs(), self.outputs or []))
         raise KeyError(f"topology {self.name!r} has no stage {name!r}")

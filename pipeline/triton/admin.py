@@ -432,6 +432,17 @@ class TritonAdmin:
             raise self._not_available(model, version, exc) from None
         return describe_from(metadata, config)
 
+    def loaded_parameter(self, name: str, key: str) -> str | None:
+        """``parameters[key]`` of the READY model ``name``'s configuration; None when the model
+        is not READY or has no such parameter (what a generated model's digest is compared with)."""
+        if not any(e.state == "READY" for e in self.model_states(name)):
+            return None
+        try:
+            config = self._call(self._client.get_model_config, name).config
+        except InferenceServerException:
+            return None
+        return config.parameters[key].string_value if key in config.parameters else None
+
     def load(self, name: str, timeout: float = LOAD_TIMEOUT_S) -> None:
         """Load (or reload) ``name`` from the repository; needs ``--model-control-mode=explicit``."""
         try:

@@ -84,12 +84,20 @@ def write_topology(
 
 
 def write_ensemble_topology(
-    tmp_path: Path, *, partitions: int = 2, mode: str = "inner", window_ms: float = 5000
+    tmp_path: Path,
+    *,
+    partitions: int = 2,
+    mode: str = "inner",
+    window_ms: float = 5000,
+    fuse: list[dict[str, Any]] | None = None,
 ) -> TopologyFiles:
-    """A private copy of ``topologies/ensemble.yaml`` (fan-out, two branches, a result join)."""
+    """A private copy of ``topologies/ensemble.yaml`` (fan-out, two branches, a result join);
+    ``fuse``: its ``fuse:`` entries (none by default)."""
     ensemble = yaml.safe_load(ENSEMBLE_YAML.read_text())
     join = {"mode": mode, "window_ms": window_ms}
-    extra = {"inputs": ensemble["inputs"], "outputs": ensemble["outputs"], "result_join": join}
+    extra: dict[str, Any] = {"inputs": ensemble["inputs"], "outputs": ensemble["outputs"], "result_join": join}
+    if fuse:
+        extra["fuse"] = fuse
     return write_topology(tmp_path, partitions=partitions, stages=ensemble["stages"], extra=extra)
 
 
