@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from pipeline.errors import ConfigError
+from pipeline.processes import pid_alive
 from pipeline.settings import Endpoints
 
 
@@ -28,16 +29,6 @@ def state_dir() -> Path:
 
 def state_file() -> Path:
     return state_dir() / "stack.json"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def write_stack_state(environment: dict[str, str], log_dir: Path) -> None:
@@ -61,7 +52,7 @@ def read_stack_state() -> dict[str, object] | None:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(state, dict) or not isinstance(pid := state.get("pid"), int) or not _pid_alive(pid):
+    if not isinstance(state, dict) or not isinstance(pid := state.get("pid"), int) or not pid_alive(pid):
         return None
     return state
 

@@ -42,6 +42,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from pipeline.errors import ConfigError
+from pipeline.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +86,6 @@ def pid_namespace() -> int:
 def region_name(stage: str, pid: int, n: int, namespace: int | None = None) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", stage)[:100]
     return f"{PREFIX}{safe}-{pid_namespace() if namespace is None else namespace}-{pid}-{n}"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running (not zombie) process of this pid namespace."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def is_stale(name: str, stage: str, namespace: int, alive: Callable[[int], bool] = pid_alive) -> bool:

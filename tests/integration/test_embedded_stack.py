@@ -15,23 +15,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.embedded.stack import child_pids_of
+from pipeline.processes import pid_alive
 
 pytestmark = [pytest.mark.kafka, pytest.mark.s3, pytest.mark.triton, pytest.mark.slow]
 
 READY_TIMEOUT_S = 240  # a guard against hangs, not a speed target (see the README for timings)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes: it holds no port and runs no code.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _descendants(pid: int) -> list[int]:
@@ -113,7 +101,7 @@ def test_up_serves_models_from_s3_and_ctrl_c_leaves_no_process(tmp_path: Path) -
     assert code == 0, log.read_text()
     assert "embedded stack stopped" in log.read_text()
     time.sleep(0.5)
-    left = [pid for pid in children if _pid_alive(pid)]
+    left = [pid for pid in children if pid_alive(pid)]
     assert left == [], f"processes left behind: {left}"
     assert not (tmp_path / "state" / "stack.json").exists()
 
@@ -128,7 +116,7 @@ def test_down_stops_a_running_stack(tmp_path: Path) -> None:
     assert "stopped embedded stack" in down.stdout
     assert proc.wait(timeout=30) == 0
     time.sleep(0.5)
-    assert [pid for pid in children if _pid_alive(pid)] == []
+    assert [pid for pid in children if pid_alive(pid)] == []
 
 
 def test_kill_9_of_the_supervisor_takes_the_services_with_it(tmp_path: Path) -> None:
@@ -138,9 +126,9 @@ def test_kill_9_of_the_supervisor_takes_the_services_with_it(tmp_path: Path) -> 
     proc.kill()
     proc.wait(timeout=10)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in children):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in children):
         time.sleep(0.2)
-    assert [pid for pid in children if _pid_alive(pid)] == []
+    assert [pid for pid in children if pid_alive(pid)] == []
 
 
 def test_down_without_a_stack_is_one_line_error(tmp_path: Path) -> None:

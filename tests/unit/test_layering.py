@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "pipeline.settings",
         "pipeline.endpoints",
+        "pipeline.processes",
         "pipeline.failure_policy",
         "pipeline.kafka",
         "pipeline.deadletter",

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.errors import ConfigError
+from pipeline.processes import pid_alive
 from pipeline.topology import load_topology
 from pipeline.topology.model import StatelessStageConfig
 from pipeline.topology.shared_memory import SharedMemoryConfig
@@ -23,7 +24,6 @@ from pipeline.triton.shared_memory import (
     is_local,
     is_stale,
     output_specs,
-    pid_alive,
     pid_namespace,
     region_name,
 )
