@@ -461,3 +461,11 @@ def test_unreachable_triton_is_not_a_missing_model() -> None:
 
     with pytest.raises(EndpointUnreachable):
         check_compatibility(load_topology(EXAMPLE, environ={}), unreachable)
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "topologies").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_topology_loads_and_declares_its_schema(path: Path) -> None:
+    """Each file in topologies/ is a working example: it loads offline, without environment."""
+    assert path.read_text().splitlines()[0] == "# yaml-language-server: $schema=./topology.schema.json"
+    topology = load_topology(path, environ={})
+    assert topology.stages
