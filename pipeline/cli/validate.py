@@ -19,9 +19,9 @@ from pipeline.cli.app import app, console, console_err
 from pipeline.errors import ConfigError
 from pipeline.settings import TritonSettings
 from pipeline.topology.compat import check_compatibility
-from pipeline.topology.describe import describe_models
 from pipeline.topology.loader import load_topology
 from pipeline.topology.model import DaliStageConfig, SequenceStageConfig, StatelessStageConfig, Topology
+from pipeline.topology.models_phrase import describe_models
 from pipeline.topology.schema import render_schema
 
 

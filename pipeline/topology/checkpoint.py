@@ -8,20 +8,20 @@ checkpoints keep crash consistency.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import Field, PositiveInt
+
+from pipeline.topology.fields import _Strict
 
 #: Chunk digests a stream remembers (``workers.sequence.state``): a replay is recognised
 #: byte for byte only within them, so a checkpoint never covers more chunks than that.
 MAX_EVERY_CHUNKS = 64
 
 
-class CheckpointConfig(BaseModel):
+class CheckpointConfig(_Strict):
     """One checkpoint per stream for every ``every_chunks`` chunks applied together, or
     sooner: when the stream has no further chunk on hand, when it ends, or when its oldest
     uncheckpointed chunk is ``max_interval_ms`` old. Results still leave per chunk; only the
     input offset waits for the checkpoint (a crash replays and re-applies the chunks after it)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
     every_chunks: PositiveInt = Field(default=16, le=MAX_EVERY_CHUNKS)
     """Most chunks one checkpoint covers; 1 = a checkpoint per chunk."""

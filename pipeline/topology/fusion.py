@@ -48,17 +48,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from pipeline.topology.fields import _Strict
 from pipeline.topology.graph import Graph, StepSpec
 
 StageModel = TypeVar("StageModel", bound=BaseModel)
 
 
-class FusedChain(BaseModel):
+class FusedChain(_Strict):
     """Stateless graph steps (a chain or a fan-out + join) run as one stage through one Triton ensemble."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
     steps: list[str] = Field(min_length=2)
     """Step names, at least two, the entry first (the one reading from outside the set)."""

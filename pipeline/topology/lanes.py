@@ -12,18 +12,18 @@ is why a first stage that needs per-key order (a sequence stage's chunks) refuse
 lanes, and why a graph's fan-out (several steps on the input topic) does too.
 
 This module holds the lane configuration and the pure rules over it (topic names,
-checks, lookup); it imports nothing else of the topology, so the model can use it.
+checks, lookup); it builds only on :mod:`pipeline.topology.fields`, so the model can use it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import NonNegativeInt
 
 from pipeline.errors import ConfigError
+from pipeline.topology.fields import Name, TopicName, _Strict
 
 DEFAULT_LANE = "default"
 """The name of the lane made of the topology's ``input_topic`` (the lowest)."""
@@ -31,14 +31,12 @@ DEFAULT_LANE = "default"
 LANE_INFIX = ".lane."
 
 
-class LaneConfig(BaseModel):
+class LaneConfig(_Strict):
     """One priority lane: its name, its topic and the Triton priority of its requests."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
-
-    name: Annotated[str, Field(pattern=r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$", max_length=64)]
+    name: Name
     """Lowercase letters, digits and '-'; what clients name (``pipeline produce --lane NAME``)."""
-    topic: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=249)] = None
+    topic: TopicName | None = None
     """The lane's topic; unset = ``<input_topic>.lane.<name>``. Created with the other
     topics, with the same partition count."""
     priority: NonNegativeInt | None = None

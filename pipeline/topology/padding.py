@@ -18,22 +18,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, PositiveInt, model_validator
 
-
-def _located(message: str, at: tuple[str | int, ...]) -> PydanticCustomError:
-    # Same shape as pipeline.topology.model's errors: the loader turns ``at`` into file:line.
-    return PydanticCustomError("topology", message, {"at": at})
-
+from pipeline.topology.fields import _located, _Strict
 
 TensorName = Annotated[str, Field(min_length=1)]
 
 
-class PaddingConfig(BaseModel):
+class PaddingConfig(_Strict):
     """Pad one variable-length model input to length buckets, so mixed lengths share batches."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
     input: TensorName
     """Model input to pad; its shape must have exactly one variable (-1) dim, the length."""

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import PositiveInt
+
+from pipeline.topology.fields import _Strict
 
 
-class SharedMemoryConfig(BaseModel):
+class SharedMemoryConfig(_Strict):
     """How a stateless stage hands its batch tensors to Triton.
 
     ``off`` (the default) sends every tensor inside the gRPC message, exactly as before
     the option existed: shared memory only works when Triton sees this process's
     ``/dev/shm`` (same host and IPC namespace), which a URL alone cannot promise.
     """
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
     mode: Literal["auto", "on", "off"] = "off"
     """auto = on when the Triton URL is a loopback address and a probe registration succeeds,

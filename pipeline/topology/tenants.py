@@ -10,27 +10,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-_TOPIC_MAX = 249
+from pipeline.topology.fields import _TOPIC_MAX, _located, _Strict
+
 DELAY_SUFFIX = ".delay"
 
 
-def located(message: str, at: tuple[str | int, ...]) -> PydanticCustomError:
-    """An error the loader reports at ``at`` (as ``pipeline.topology.model`` raises them)."""
-    return PydanticCustomError("topology", message, {"at": at})
-
-
-class Strict(BaseModel):
-    """As the topology's other sections: unknown keys are errors, nothing is coerced."""
-
-    model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True, populate_by_name=True
-    )
-
-
-class Quota(Strict):
+class Quota(_Strict):
     """A token bucket: ``rate`` requests per second on average, ``burst`` at once."""
 
     rate: PositiveFloat
@@ -46,8 +33,10 @@ class TenantQuota(Quota):
     """The tenant's name, as the header or key prefix carries it."""
 
 
-class TenantsConfig(Strict):
+class TenantsConfig(_Strict):
     """Per-tenant rate limits and a fair share of each batch."""
+
+    model_config = ConfigDict(populate_by_name=True)  # `from` in YAML, `source` in code
 
     source: Literal["header", "key_prefix"] = Field(default="header", alias="from")
     """Where a record names its tenant: a header, or the record key up to ``separator``."""
@@ -80,7 +69,7 @@ class TenantsConfig(Strict):
         seen: dict[str, int] = {}
         for index, override in enumerate(self.overrides):
             if override.tenant in seen:
-                raise located(
+                raise _located(
                     f"duplicate tenant {override.tenant!r} (also overrides[{seen[override.tenant]}])",
                     ("overrides", index, "tenant"),
                 )
@@ -99,8 +88,8 @@ def check_delay_topics(delays: list[tuple[int, str]], taken: list[str]) -> None:
     for index, topic in delays:
         where = ("stages", index, "tenants", "over_quota")
         if topic in seen:
-            raise located(f"the delay topic {topic!r} is also another topic of the topology", where)
+            raise _located(f"the delay topic {topic!r} is also another topic of the topology", where)
         if len(topic) > _TOPIC_MAX:
-            raise located(f"the delay topic {topic!r} is longer than {_TOPIC_MAX} characters", where)
+            raise _located(f"the delay topic {topic!r} is longer than {_TOPIC_MAX} characters", where)
         seen.append(topic)
 
