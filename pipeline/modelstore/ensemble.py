@@ -134,19 +134,24 @@ def _full_map(mapping: Mapping[str, str], tensors: Sequence[TensorSpec]) -> dict
 
 
 def _consumed(members: Sequence[EnsembleMember], tensor: str) -> TensorSpec:
+    """The member input that reads topology tensor ``tensor`` (its type and dims)."""
     for member in members:
-        for model_input, topology_tensor in _full_map(member.input_map, member.description.inputs).items():
-            if topology_tensor == tensor:
-                return member.description.input(model_input)
+        if (name := _model_name(member.input_map, member.description.inputs, tensor)) is not None:
+            return member.description.input(name)
     raise ConfigError(f"ensemble input {tensor!r} is read by no fused step")
 
 
 def _produced(members: Sequence[EnsembleMember], tensor: str) -> TensorSpec:
+    """The member output that writes topology tensor ``tensor`` (its type and dims)."""
     for member in members:
-        for model_output, topology_tensor in _full_map(member.output_map, member.description.outputs).items():
-            if topology_tensor == tensor:
-                return member.description.output(model_output)
+        if (name := _model_name(member.output_map, member.description.outputs, tensor)) is not None:
+            return member.description.output(name)
     raise ConfigError(f"ensemble output {tensor!r} is produced by no fused step")
+
+
+def _model_name(mapping: Mapping[str, str], tensors: Sequence[TensorSpec], tensor: str) -> str | None:
+    """The model's name for topology tensor ``tensor`` under ``mapping``, if it has one."""
+    return next((model for model, topo in _full_map(mapping, tensors).items() if topo == tensor), None)
 
 
 def _data_type(spec: TensorSpec) -> int:
