@@ -40,6 +40,10 @@ class KafkaSettings(BaseSettings):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     client_id: str = "streaming-inference-pipeline"
+    batch_sends: bool = True
+    """Produce the outputs ready in one outbox pass as one record batch per partition
+    (aiokafka's batch API): ~4x less producer CPU per record than one ``send`` each.
+    ``PIPELINE_KAFKA_BATCH_SENDS=false`` restores per-record sends (a benchmark's baseline)."""
     dead_letter_max_bytes: int = Field(default=1 << 20, gt=0)
     """A dead letter whose record would be larger is written as a claim check (payload in
     the S3 store): dead-letter topics stay readable by clients with default fetch sizes."""

@@ -254,6 +254,7 @@ class StreamStage(abc.ABC):
             self._producer, self._consumer, on_acknowledged=self.outcomes.acknowledged, oversize=oversize,
             fence=self.fence.watch(self._consumer, self.io.stage, self.metrics),
             replies=stage_replies(self._producer, self.io.stage, self.io.output_topic, self.io.reply_prefix, self.metrics),
+            batch_sends=self.kafka.batch_sends,
         )
         self._consumer.subscribe(self.io.input_topics, listener=_Rebalance(self))
         await self._consumer.start()

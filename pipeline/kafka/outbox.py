@@ -32,6 +32,7 @@ from pipeline.kafka.after_acks import AfterAcks
 from pipeline.kafka.checkpoint_group import CheckpointGroup, CheckpointGroups
 from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
 from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
+from pipeline.kafka.record_batches import RecordBatches
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,11 @@ class Outbox:
         oversize: OversizeHandler | None = None,
         fence: MembershipLease | None = None,
         replies: ReplyRouting | None = None,
+        batch_sends: bool = True,
     ) -> None:
         self._producer = producer
+        self._batch_sends = batch_sends  # one record batch per destination partition and pass
+        self._emitting = asyncio.Lock()
         self._replies = replies
         self._fence = LineFence(fence)
         self._oversize = oversize
@@ -190,35 +194,78 @@ class Outbox:
     # ------------------------------------------------------------------ emission
     async def emit_ready(self) -> None:
         """Produce the outputs of every ready slot at the head of its partition's line."""
-        if self._fence.closed():
-            return  # held in their lines: sent once membership is confirmed, else dropped by forget()
-        for tp in self._offsets.partitions():
-            for slot in self._offsets.emittable(tp):
-                assert slot.output is not None
-                split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
-                now, later = slot.output[:split], slot.output[split:]
-                sent = [await self._send(out, slot, i) for i, out in enumerate(now)]
-                done: asyncio.Future[Any]
-                if later:
-                    done = self._after_acks.send(slot, [*sent, *self.groups.covered(slot)], split)  # in slot order
-                elif sent:
-                    # One output (the common case) needs no gather: watch its own future.
-                    done = sent[0] if len(sent) == 1 else asyncio.gather(*sent)
-                else:
-                    self.groups.acknowledge(slot)
-                    continue
-                self._delivery.add(done)
-                done.add_done_callback(functools.partial(self._delivered, slot=slot))
+        async with self._emitting:  # one pass at a time (a rebalance's flush meets the run loop's)
+            if self._fence.closed():
+                return  # held in their lines: sent once membership is confirmed, else dropped by forget()
+            batches = RecordBatches(self._producer, self._batch_sent) if self._batch_sends else None
+            for tp in self._offsets.partitions():
+                for slot in self._offsets.emittable(tp):
+                    if batches is not None:
+                        if await self._batched(slot, batches):
+                            continue
+                        await batches.flush()  # what is appended leaves before this slot's outputs
+                    await self._emit_alone(slot, routed=batches is not None)
+            if batches is not None:
+                await batches.flush()
 
-    async def _send(self, out: OutRecord, slot: Slot[Outputs], index: int) -> asyncio.Future[Any]:
-        """Hand ``slot.output[index]`` to the producer (at its reply topic when it asks for an
-        allowed one); one it refuses as too large: claim check."""
+    async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
+        """Append the slot's output to its partition's batch when it is one plain record
+        (routed to its reply topic, if any, either way)."""
+        assert slot.output is not None
+        if len(slot.output) != 1 or slot.output[0].after_acks:
+            slot.output = await self._route_all(slot.output)
+            return False
+        out = slot.output[0]
         if self._replies is not None:
-            routed = await self._replies.route(out)
-            if routed is not out:
+            out = await self._replies.route(out)
+            slot.output = (out,)
+        return await batches.add(out, slot)
+
+    def _batch_sent(self, delivery: asyncio.Future[Any], slots: list[Slot[Outputs]]) -> None:
+        self._delivery.add(delivery)
+        delivery.add_done_callback(functools.partial(self._batch_delivered, slots=slots))
+
+    def _batch_delivered(self, delivery: asyncio.Future[Any], slots: list[Slot[Outputs]]) -> None:
+        self._delivery.discard(delivery)
+        if delivery.cancelled():
+            return
+        exc = delivery.exception()
+        for slot in slots:
+            self._settle(slot, exc)
+
+    async def _route_all(self, outputs: Outputs) -> Outputs:
+        if self._replies is None:
+            return outputs
+        return tuple([await self._replies.route(out) for out in outputs])
+
+    async def _emit_alone(self, slot: Slot[Outputs], *, routed: bool = False) -> None:
+        """Hand the slot's outputs to the producer one by one (after-acks ones once the rest
+        are acknowledged); the slot is acknowledged when all are."""
+        assert slot.output is not None
+        split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
+        now, later = slot.output[:split], slot.output[split:]
+        sent = [await self._send(out, slot, i, routed=routed) for i, out in enumerate(now)]
+        done: asyncio.Future[Any]
+        if later:
+            done = self._after_acks.send(slot, [*sent, *self.groups.covered(slot)], split)  # in slot order
+        elif sent:
+            # One output (the common case) needs no gather: watch its own future.
+            done = sent[0] if len(sent) == 1 else asyncio.gather(*sent)
+        else:
+            self.groups.acknowledge(slot)
+            return
+        self._delivery.add(done)
+        done.add_done_callback(functools.partial(self._delivered, slot=slot))
+
+    async def _send(self, out: OutRecord, slot: Slot[Outputs], index: int, *, routed: bool = False) -> asyncio.Future[Any]:
+        """Hand ``slot.output[index]`` to the producer (at its reply topic when it asks for an
+        allowed one, unless ``routed`` already); one it refuses as too large: claim check."""
+        if self._replies is not None and not routed:
+            moved = await self._replies.route(out)
+            if moved is not out:
                 assert slot.output is not None
-                slot.output = (*slot.output[:index], routed, *slot.output[index + 1 :])
-                out = routed
+                slot.output = (*slot.output[:index], moved, *slot.output[index + 1 :])
+                out = moved
         try:
             return await self._send_record(out)
         except MessageSizeTooLargeError as exc:
@@ -236,9 +283,11 @@ class Outbox:
 
     def _delivered(self, fut: asyncio.Future[Any], slot: Slot[Outputs]) -> None:
         self._delivery.discard(fut)
-        if fut.cancelled():
-            return
-        exc = fut.exception()
+        if not fut.cancelled():
+            self._settle(slot, fut.exception())
+
+    def _settle(self, slot: Slot[Outputs], exc: BaseException | None) -> None:
+        """The broker took the slot's outputs (``exc`` None) or refused them."""
         again = self._again(exc, slot) if exc is not None and slot not in self._resent else None
         if again is not None:
             self._resent.add(slot)

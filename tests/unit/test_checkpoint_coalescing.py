@@ -119,7 +119,7 @@ def checkpoint(name: str) -> OutRecord:
 
 def outbox() -> tuple[Outbox, Producer, Consumer]:
     producer, consumer = Producer(), Consumer()
-    return Outbox(producer, consumer), producer, consumer  # type: ignore[arg-type]
+    return Outbox(producer, consumer, batch_sends=False), producer, consumer  # type: ignore[arg-type]
 
 
 async def committed(box: Outbox, consumer: Consumer) -> int | None:

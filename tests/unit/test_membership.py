@@ -235,7 +235,7 @@ def fenced_outbox(clock: Clock, counted: list[int]) -> tuple[Outbox, Producer, C
     ml.observe(JOIN, NO_ERROR, clock.now, 1)
     ml.observe(SYNC, NO_ERROR, clock.now)
     producer, consumer = Producer(), Consumer()
-    return Outbox(producer, consumer, fence=ml), producer, consumer, ml  # type: ignore[arg-type]
+    return Outbox(producer, consumer, fence=ml, batch_sends=False), producer, consumer, ml  # type: ignore[arg-type]
 
 
 async def test_a_stale_lease_holds_outputs_and_commits_and_renewal_releases_them() -> None:
@@ -288,7 +288,7 @@ async def test_without_a_fence_a_handed_back_slots_checkpoint_is_dropped_too() -
     """A line forgotten on a rebalance while its checkpoint waited for the results' ack:
     the partition's next owner writes the checkpoint, not this worker."""
     producer = Producer()
-    outbox = Outbox(producer, Consumer())  # type: ignore[arg-type]
+    outbox = Outbox(producer, Consumer(), batch_sends=False)  # type: ignore[arg-type]
     producer.hold = True
     slot = outbox.track(record(0))
     outbox.complete(slot, (result("r0"), checkpoint("c0")))
