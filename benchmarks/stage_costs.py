@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from benchmarks import cli
@@ -33,7 +32,7 @@ from pipeline.contract.response import encode_response
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import OrderedOffsets
-from pipeline.kafka.outbox import OutRecord
+from pipeline.kafka.outbox import Outbox, OutRecord
 from pipeline.observability.metrics import PipelineMetrics
 from workers.batching import DynamicBatcher
 from workers.triton_backend import TritonModelBackend
@@ -49,59 +48,21 @@ def per_call_us(fn: Callable[[int], Any], n: int) -> float:
     return (time.process_time() - started) / n * 1e6
 
 
-async def gather_overhead_us(n: int, pending: int = 4096) -> float:
-    """What wrapping each delivery future in ``asyncio.gather`` (plus a callback) adds, per future.
-
-    In rounds of ``pending`` futures (the stage's default max_pending_requests), so the
-    garbage collector sees about as many live objects as in the stage.
-    """
-    loop = asyncio.get_running_loop()
-
-    async def run(wrap: bool) -> float:
-        used = 0.0
-        for _ in range(max(1, n // pending)):
-            futures = [loop.create_future() for _ in range(pending)]
-            started = time.process_time()
-            for future in futures:
-                target = asyncio.gather(future) if wrap else future
-                target.add_done_callback(lambda f: None)
-            for future in futures:
-                future.set_result(None)
-            for _ in range(3):  # let the chained callbacks run
-                await asyncio.sleep(0)
-            used += time.process_time() - started
-        return used / (max(1, n // pending) * pending) * 1e6
-
-    diffs = []
-    for _ in range(3):
-        diffs.append(await run(True) - await run(False))
-    return max(0.0, min(diffs))
-
-
-async def send_batch_us(producer: Any, topic: str, records: list[Any]) -> float:
-    """CPU per record when records are appended to one batch per partition (one future per batch)."""
-    partitioner = DefaultPartitioner()
-    partitions = sorted(await producer.partitions_for(topic))
+async def outbox_us(producer: Any, consumer: Any, topic: str, records: list[Any], *, batch_sends: bool, per_pass: int) -> float:
+    """CPU per record of the outbox's emission: slots completed ``per_pass`` at a time (one
+    Triton batch's results), each pass emitted, then every delivery acknowledged."""
+    outbox = Outbox(producer, consumer, batch_sends=batch_sends)
+    slots = [
+        outbox.track(ConsumerRecord("in", i % 4, i // 4, 0, 0, r.key, r.value, None, 0, 0, []))
+        for i, r in enumerate(records)
+    ]  # fmt: skip
+    outputs = [OutRecord(topic, r.key, r.value, list(r.headers)) for r in records]
     started = time.process_time()
-    by_partition: dict[int, list[Any]] = {}
-    for r in records:
-        by_partition.setdefault(partitioner(r.key, partitions, partitions), []).append(r)
-    futures = []
-    for partition, items in by_partition.items():
-        i = 0
-        while i < len(items):
-            batch = producer.create_batch()
-            while i < len(items):
-                r = items[i]
-                if (
-                    batch.append(key=r.key, value=r.value, timestamp=None, headers=r.headers)
-                    is None
-                ):
-                    break  # full: send it, start another
-                i += 1
-            batch.close()
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
-    await asyncio.gather(*futures)
+    for first in range(0, len(slots), per_pass):
+        for slot, out in zip(slots[first : first + per_pass], outputs[first : first + per_pass], strict=True):
+            outbox.complete(slot, out)
+        await outbox.emit_ready()
+    assert await outbox.flush(60.0) and outbox.pending() == 0
     return (time.process_time() - started) / len(records) * 1e6
 
 
@@ -233,29 +194,26 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         # --- emission -----------------------------------------------------------------
         producer = make_producer(kafka)
         await producer.start()
+        await producer.partitions_for("cost.out")
+        consumer = make_consumer(kafka, group_id=None)  # never started: nothing is committed here
         try:
-            started = time.process_time()
-            futures = [
-                await producer.send("cost.out", r.value, key=r.key, headers=r.headers)
-                for r in records
-            ]
-            await asyncio.gather(*futures)
-            add("aiokafka send + delivery (one future per record)", "pipeline/kafka/outbox.py _send",
-                (time.process_time() - started) / n * 1e6)  # fmt: skip
+            for batch_sends in (False, True):
+                await outbox_us(producer, consumer, "cost.out", records[:2000], batch_sends=batch_sends, per_pass=batch)
             add(
-                "asyncio.gather(*sent) + done callback per slot",
+                "outbox: record batch per partition, one future per batch, ack",
                 "pipeline/kafka/outbox.py emit_ready",
-                await gather_overhead_us(n),
+                await outbox_us(producer, consumer, "cost.out", records, batch_sends=True, per_pass=batch),
             )
             alternatives.append(
                 (
-                    "instead of the two rows above: create_batch/send_batch per partition",
-                    "aiokafka batch API",
-                    await send_batch_us(producer, "cost.out", records),
+                    "instead of the row above: one send() + future per record",
+                    "PIPELINE_KAFKA_BATCH_SENDS=false",
+                    await outbox_us(producer, consumer, "cost.out", records, batch_sends=False, per_pass=batch),
                 )
             )
         finally:
             await producer.stop()
+            await consumer.stop()
 
         def acked(i: int) -> None:
             metrics.results.labels("s").inc()

@@ -79,9 +79,10 @@ CASES: dict[str, str] = {
     "b": "direct Triton, no Kafka",
     "c": "naive worker",
     "d": "our stateless stage",
+    "p": "(d) with per-record sends",
     "e": "faust echo agent",
 }
-KAFKA_CASES = "acde"
+KAFKA_CASES = "acdpe"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
 TARGET_VS_NAIVE = 10.0  # d >= 10 * c
 
@@ -325,16 +326,23 @@ class Benchmark(StackBenchmark[Config]):
             ]
             marker, n, verify = "READY", cfg.naive_requests, _valid_responses
             notes = ("decode -> infer(batch 1) -> encode -> send_and_wait -> commit, per record",)
-        elif key == "d":
-            dead = self.topic("d", "dead-letters")
+        elif key in "dp":
+            dead = self.topic(key, "dead-letters")
             topics.append(dead)
-            topology = self._write_topology(source, sink, dead)
+            variant = self.variant
+            self.variant += "-p" if key == "p" else ""  # its own topology name: its own group
+            try:
+                topology = self._write_topology(source, sink, dead)
+            finally:
+                self.variant = variant
             runner = ["pipeline"]  # the stock CLI, unless a what-if asks for the patching runner
             if cfg.fetch_max_wait_ms is not None or os.environ.get("BENCH_STAGE_PATCH"):
                 runner = ["benchmarks.stage_runner", *fetch]
             argv = [py, "-m", *runner, "run", str(topology), "--log-level", "warning", *self.run_args()]
             marker, n, verify = "running stages", cfg.requests, _valid_responses
             env = dict(self.worker_env)
+            if key == "p":  # the baseline of the outbox's record batches, in the same run
+                env["PIPELINE_KAFKA_BATCH_SENDS"] = "false"
             notes = (
                 (
                     f"`python -m pipeline run` child process; max_batch_size {cfg.batch}, "
@@ -407,11 +415,11 @@ class Benchmark(StackBenchmark[Config]):
                 result.notes.append(
                     f"{result.duplicates} duplicate results (at-least-once redelivery)"
                 )
-        if worker.key == "d":
-            dead = await read_topic(self.kafka, self.topic("d", "dead-letters"), 0, idle_s=0.3)
+        if worker.key in "dp":
+            dead = await read_topic(self.kafka, self.topic(worker.key, "dead-letters"), 0, idle_s=0.3)
             if dead:
                 raise BenchmarkFailure(
-                    f"(d) {len(dead)} requests were dead-lettered (see {process.log_path})"
+                    f"({worker.key}) {len(dead)} requests were dead-lettered (see {process.log_path})"
                 )
         return result
 
@@ -474,6 +482,8 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         out["d_over_min_a_b_target"] = TARGET_VS_BOUND
         out["d_over_min_a_b_met"] = d / bound >= TARGET_VS_BOUND
         out["min_a_b_is"] = "a" if a <= b else "b"
+    if d is not None and (p := report.throughput_of(results, "p")) is not None:
+        out["d_over_p"] = d / p  # what the record batches gain, same run
     if d is not None and c is not None:
         out["d_over_c"] = d / c
         out["d_over_c_target"] = TARGET_VS_NAIVE
@@ -537,6 +547,8 @@ def print_report(
             f"d / min(a, b) = {rat['d_over_min_a_b']:.2f}  (min is {rat['min_a_b_is']}; "
             f"target >= {TARGET_VS_BOUND}): {verdict(rat['d_over_min_a_b_met'])}"
         )
+    if "d_over_p" in rat:
+        console.print(f"d / p = {rat['d_over_p']:.2f}  (the outbox's record batches against per-record sends)")
     if "d_over_c" in rat:
         console.print(
             f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): "

@@ -78,6 +78,7 @@ async def _run_outbox(settings: KafkaSettings, topics: dict[str, str], *, batch_
         return outbox
     finally:
         await producer.stop()
+        await consumer.stop()
 
 
 def _topics(mode: str) -> dict[str, str]:
