@@ -29,7 +29,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.ordering import Slot
 
-#: Outputs larger than this (key, value and headers) are sent alone: a large record should
+#: Outputs larger than this (key and value) are sent alone: a large record should
 #: neither fill a shared batch nor, refused by the broker, take its batch-mates down with it.
 BATCHABLE_BYTES = 64 * 1024
 
@@ -68,7 +68,7 @@ class RecordBatches:
         self._producer = producer
         self._on_sent = on_sent
         self._open: dict[TopicPartition, _Open] = {}
-        self._known: set[str] = set()  # topics whose metadata this pass has seen
+        self._layouts: dict[str, tuple[list[int], list[int]]] = {}  # topic -> (all, available) partitions
 
     async def add(self, out: Batchable, slot: Slot[Any]) -> bool:
         """Append ``out`` (``slot``'s only output) to its partition's builder; False when
@@ -106,18 +106,21 @@ class RecordBatches:
 
     async def _partition(self, out: Batchable) -> int | None:
         """The partition ``send`` would choose for ``out`` (None: topic unknown here)."""
-        if out.topic not in self._known:
-            if self._producer.client.cluster.partitions_for_topic(out.topic) is None:
+        layout = self._layouts.get(out.topic)
+        if layout is None:
+            cluster = self._producer.client.cluster
+            known = cluster.partitions_for_topic(out.topic)
+            if known is None:
                 return None  # never seen: the per-record send waits for its metadata, bounded
-            self._known.add(out.topic)
+            layout = self._layouts[out.topic] = (list(known), list(cluster.available_partitions_for_topic(out.topic)))
         if out.partition is not None:
-            known = self._producer.client.cluster.partitions_for_topic(out.topic) or set()
-            return out.partition if out.partition in known else None
-        # The producer's own choice (its partitioner, its metadata): aiokafka has no public
-        # name for it. Pinned by tests/integration/test_batch_sends.py against send().
-        partition: int = self._producer._partition(out.topic, None, None, None, out.key, out.value)
+            return out.partition if out.partition in layout[0] else None
+        # The producer's own partitioner on the metadata of this pass, as send() calls it (aiokafka
+        # has no public name for that choice). Pinned by tests/integration/test_batch_sends.py.
+        partition: int = self._producer._partitioner(out.key, *layout)
         return partition
 
 
 def _size(out: Batchable) -> int:
-    return len(out.key or b"") + len(out.value or b"") + sum(len(k) + len(v or b"") for k, v in out.headers)
+    """Key and value: headers are bounded by the consumed record's own limit."""
+    return len(out.key or b"") + len(out.value or b"")
