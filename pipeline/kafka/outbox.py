@@ -116,7 +116,8 @@ class Outbox:
         batch_sends: bool = True,
     ) -> None:
         self._producer = producer
-        self._batch_sends = batch_sends  # one record batch per destination partition and pass
+        # Plain outputs into one open record batch per destination partition (else a send() each).
+        self._batches = RecordBatches(producer, self._batch_delivered, self._batch_sent) if batch_sends else None
         self._emitting = asyncio.Lock()
         self._replies = replies
         self._fence = LineFence(fence)
@@ -197,16 +198,16 @@ class Outbox:
         async with self._emitting:  # one pass at a time (a rebalance's flush meets the run loop's)
             if self._fence.closed():
                 return  # held in their lines: sent once membership is confirmed, else dropped by forget()
-            batches = RecordBatches(self._producer, self._batch_sent) if self._batch_sends else None
+            batches = self._batches
+            if batches is not None:
+                batches.new_pass()
             for tp in self._offsets.partitions():
                 for slot in self._offsets.emittable(tp):
-                    if batches is not None:
-                        if await self._batched(slot, batches):
-                            continue
-                        await batches.flush()  # what is appended leaves before this slot's outputs
-                    await self._emit_alone(slot, routed=batches is not None)
-            if batches is not None:
-                await batches.flush()
+                    if batches is None:
+                        await self._emit_alone(slot)
+                    elif not await self._batched(slot, batches):
+                        await self._emit_alone(slot, routed=True)
+                        batches.after_alone({out.topic for out in slot.output or ()})
 
     async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
         """Append the slot's output to its partition's batch when it is one plain record
@@ -221,15 +222,11 @@ class Outbox:
             slot.output = (out,)
         return await batches.add(out, slot)
 
-    def _batch_sent(self, delivery: asyncio.Future[Any], slots: list[Slot[Outputs]]) -> None:
+    def _batch_sent(self, delivery: asyncio.Future[Any]) -> None:
         self._delivery.add(delivery)
-        delivery.add_done_callback(functools.partial(self._batch_delivered, slots=slots))
+        delivery.add_done_callback(self._delivery.discard)
 
-    def _batch_delivered(self, delivery: asyncio.Future[Any], slots: list[Slot[Outputs]]) -> None:
-        self._delivery.discard(delivery)
-        if delivery.cancelled():
-            return
-        exc = delivery.exception()
+    def _batch_delivered(self, exc: BaseException | None, slots: list[Slot[Outputs]]) -> None:
         for slot in slots:
             self._settle(slot, exc)
 

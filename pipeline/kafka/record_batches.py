@@ -1,24 +1,31 @@
-"""One emit pass's outputs as one record batch per destination partition.
+"""The outbox's plain outputs as record batches, one open batch per destination partition.
 
 aiokafka's per-record ``send`` costs a coroutine, a partitioner call, an append and a
 delivery future per record (and the outbox a callback per future); its batch API
-(``create_batch`` / ``send_batch``) costs one of each per batch. ``benchmarks.stage_costs``
-measured the per-record path at several times the batch path per record, the largest
-single cost of the stateless stage's hot path. So the outbox appends the outputs of every
-slot ready in one pass to a :class:`BatchBuilder` per destination partition and hands each
-builder to the producer once, with one delivery future for all its slots.
+(``create_batch`` / ``send_batch``) costs one of each per batch. So the outbox appends
+each plain output (one record for its slot) to an open :class:`BatchBuilder` of its
+destination partition and watches one delivery future per batch, for all its slots
+(``benchmarks.stage_costs``: the outbox's CPU per record about halved).
 
-Order: a partition line's outputs are appended in slot order, and a builder leaves
-before any output the outbox sends alone (``flush``), so a destination partition receives
-them in the order the per-record path would give. The destination partition is the one
-``send`` would pick (the producer's own partitioner on the record key). Anything this
-module declines (``add`` returns False: a record too large to share a batch, an unknown
-topic) goes the per-record way, with its size checks and claim checks.
+A batch is handed to the producer when it is started and stays open there, taking the
+records of this and later passes, until aiokafka's sender builds it (after ``linger_ms``,
+once the previous request to the broker is answered) or it is full; an append that
+fails starts the next batch. That is exactly how aiokafka fills the batches of ``send``,
+so batches are as large, with no extra wait, and nothing else is needed: an append to an
+open batch is in the request built from it, and only then.
+
+Order: a partition line's outputs are appended in slot order. An output the outbox sends
+alone (several outputs to a slot, after-acks ones, over :data:`BATCHABLE_BYTES`, an unknown
+topic: ``add`` returns False) goes through ``send``, which may open a newer batch for its
+partition; so after it the outbox calls :meth:`RecordBatches.after_alone` and later plain
+outputs of that topic start new batches, queued behind it. (aiokafka 0.14 has in fact built
+the older batch by then: ``send`` waits for a full batch to be drained. This does not rely on it.) The destination partition is
+the one ``send`` would pick (the producer's own partitioner on the record key).
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,8 +36,8 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.ordering import Slot
 
-#: Outputs larger than this (key and value) are sent alone: a large record should
-#: neither fill a shared batch nor, refused by the broker, take its batch-mates down with it.
+#: Outputs larger than this (key and value) are sent alone: a large record should neither
+#: fill a shared batch nor, refused by the broker, take its batch-mates down with it.
 BATCHABLE_BYTES = 64 * 1024
 
 
@@ -51,8 +58,8 @@ class Batchable(Protocol):
     def timestamp_ms(self) -> int | None: ...
 
 
-#: Told of each builder handed to the producer: its delivery future and the slots it carries.
-OnSent = Callable[["asyncio.Future[Any]", list[Slot[Any]]], None]
+#: Told once per batch when the broker answered: the error (None: acknowledged) and its slots.
+OnDelivered = Callable[[BaseException | None, list[Slot[Any]]], None]
 
 
 @dataclass(eq=False)
@@ -62,49 +69,57 @@ class _Open:
 
 
 class RecordBatches:
-    """The builders of one emit pass, one per destination partition."""
+    """The open batch of each destination partition, kept across the outbox's passes."""
 
-    def __init__(self, producer: AIOKafkaProducer, on_sent: OnSent) -> None:
+    def __init__(self, producer: AIOKafkaProducer, on_delivered: OnDelivered, on_sent: Callable[[Any], None]) -> None:
         self._producer = producer
-        self._on_sent = on_sent
+        self._on_delivered = on_delivered
+        self._on_sent = on_sent  # the delivery future, for the outbox's flush to wait on
         self._open: dict[TopicPartition, _Open] = {}
         self._layouts: dict[str, tuple[list[int], list[int]]] = {}  # topic -> (all, available) partitions
 
+    def new_pass(self) -> None:
+        """Partition layouts are read again (metadata may have changed between passes)."""
+        self._layouts.clear()
+
     async def add(self, out: Batchable, slot: Slot[Any]) -> bool:
-        """Append ``out`` (``slot``'s only output) to its partition's builder; False when
+        """Append ``out`` (``slot``'s only output) to its partition's open batch; False when
         it must be sent alone instead."""
-        if _size(out) > BATCHABLE_BYTES:
+        if len(out.key or b"") + len(out.value or b"") > BATCHABLE_BYTES:
             return False
-        partition = await self._partition(out)
+        partition = self._partition(out)
         if partition is None:
             return False
         tp = TopicPartition(out.topic, partition)
         stamp = out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None
-        for _ in range(2):
-            open_ = self._open.get(tp)
-            if open_ is None:
-                open_ = self._open[tp] = _Open(self._producer.create_batch())
-            if open_.builder.append(timestamp=stamp, key=out.key, value=out.value, headers=out.headers) is not None:
-                open_.riders.append(slot)
-                return True
-            await self._send(tp)  # full: it leaves now, the record starts the next one
-        return False
+        current = self._open.get(tp)
+        if current is not None and current.builder.append(
+            timestamp=stamp, key=out.key, value=out.value, headers=out.headers
+        ) is not None:
+            current.riders.append(slot)
+            return True
+        builder = self._producer.create_batch()
+        if builder.append(timestamp=stamp, key=out.key, value=out.value, headers=out.headers) is None:
+            return False
+        started = _Open(builder, [slot])
+        self._open.pop(tp, None)
+        # Queued behind the partition's earlier batches (waits while a full one is not sent).
+        delivery = await self._producer.send_batch(builder, tp.topic, partition=tp.partition)
+        self._open[tp] = started
+        self._on_sent(delivery)
+        delivery.add_done_callback(functools.partial(self._delivered, riders=started.riders))
+        return True
 
-    async def flush(self) -> None:
-        """Hand every open builder to the producer (before an output sent alone, and at the
-        end of the pass)."""
-        for tp in list(self._open):
-            await self._send(tp)
+    def after_alone(self, topics: set[str]) -> None:
+        """Outputs to ``topics`` were just sent alone: later ones start new batches."""
+        for tp in [tp for tp in self._open if tp.topic in topics]:
+            del self._open[tp]
 
-    async def _send(self, tp: TopicPartition) -> None:
-        open_ = self._open.pop(tp)
-        if not open_.riders:
-            return
-        open_.builder.close()  # or a per-record send() to this partition could join it
-        delivery = await self._producer.send_batch(open_.builder, tp.topic, partition=tp.partition)
-        self._on_sent(delivery, open_.riders)
+    def _delivered(self, delivery: Any, riders: list[Slot[Any]]) -> None:
+        if not delivery.cancelled():
+            self._on_delivered(delivery.exception(), riders)
 
-    async def _partition(self, out: Batchable) -> int | None:
+    def _partition(self, out: Batchable) -> int | None:
         """The partition ``send`` would choose for ``out`` (None: topic unknown here)."""
         layout = self._layouts.get(out.topic)
         if layout is None:
@@ -115,12 +130,7 @@ class RecordBatches:
             layout = self._layouts[out.topic] = (list(known), list(cluster.available_partitions_for_topic(out.topic)))
         if out.partition is not None:
             return out.partition if out.partition in layout[0] else None
-        # The producer's own partitioner on the metadata of this pass, as send() calls it (aiokafka
+        # The producer's own partitioner on this pass's metadata, as send() calls it (aiokafka
         # has no public name for that choice). Pinned by tests/integration/test_batch_sends.py.
         partition: int = self._producer._partitioner(out.key, *layout)
         return partition
-
-
-def _size(out: Batchable) -> int:
-    """Key and value: headers are bounded by the consumed record's own limit."""
-    return len(out.key or b"") + len(out.value or b"")

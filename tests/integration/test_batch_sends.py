@@ -53,9 +53,11 @@ def _outputs(line: int, offset: int, topics: dict[str, str]) -> Outputs:
     return (OutRecord(topics["out"], key, tag, headers),)
 
 
-async def _run_outbox(settings: KafkaSettings, topics: dict[str, str], *, batch_sends: bool, seed: int) -> Outbox:
+async def _run_outbox(
+    settings: KafkaSettings, topics: dict[str, str], *, batch_sends: bool, seed: int, max_batch_size: int
+) -> Outbox:
     """Track every slot, complete them in a shuffled order with passes in between, flush."""
-    producer = make_producer(settings)
+    producer = make_producer(settings, max_batch_size=max_batch_size)
     await producer.start()
     consumer = make_consumer(settings, group_id=None)  # never started: these tests commit nothing
     try:
@@ -86,13 +88,16 @@ def _topics(mode: str) -> dict[str, str]:
     return {name: f"batch-sends-{run}-{mode}-{name}" for name in ("in", "out", "side", "dead")}
 
 
-async def test_batched_outputs_match_per_record_sends(kafka_bootstrap: str) -> None:
+# 16 KiB batches fill up: a record sent alone cannot join the open batch, so send() opens a
+# newer one for it, and the next plain output must not slip into the older open batch.
+@pytest.mark.parametrize("max_batch_size", [1 << 20, 16 * 1024], ids=["1MiB-batches", "16KiB-batches"])
+async def test_batched_outputs_match_per_record_sends(kafka_bootstrap: str, max_batch_size: int) -> None:
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     runs = {}
     for mode, batch_sends in (("batched", True), ("single", False)):
         topics = _topics(mode)
         await ensure_topics(settings, topics.values(), partitions=4)
-        outbox = await _run_outbox(settings, topics, batch_sends=batch_sends, seed=7)
+        outbox = await _run_outbox(settings, topics, batch_sends=batch_sends, seed=7, max_batch_size=max_batch_size)
         assert outbox.pending() == 0, "every slot acknowledged"
         expected = sum(len(_outputs(line, o, topics)) for line in range(LINES) for o in range(SLOTS))
         got = await collect(
