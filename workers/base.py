@@ -217,6 +217,10 @@ class StreamStage(abc.ABC):
         """The partition's end offset as last fetched (None before the first fetch)."""
         return self._consumer.highwater(tp) if self._consumer is not None else None
 
+    def fetched_at(self, tp: TopicPartition) -> int | None:
+        """When the broker last answered a fetch for the partition (ms; None before the first)."""
+        return self._consumer.last_poll_timestamp(tp) if self._consumer is not None else None
+
     async def produce_all_unowned(self, records: list[OutRecord]) -> None:
         """Produce outputs no input record owns (an expiry, an idle close, a tombstone):
         all handed to the producer first, then awaited together (one round trip), once the

@@ -11,7 +11,10 @@ anything older). Right after an assignment, a partition nothing was read from
 counts as behind for ``grace_ms``, so its backlog is read before it is trusted.
 A partition written by other stages is caught up only when they are too
 (``upstream_behind``, a join's branches): what they have not processed yet is
-older than what was read. Messages between stages keep their request's
+older than what was read. A partition the broker has not answered a fetch for
+in ``stale_ms`` (unreachable, paused) is behind too: its end offset is old news, and
+records stamped during the silence may be waiting there, so a broker outage
+does not age streams or windows by the wall clock. Messages between stages keep their request's
 timestamp, so every stage of a topology judges in the same event time.
 Timestamps more than ``max_future_ms`` ahead of the wall clock are clamped: one
 record stamped next year must not close every window at once, nor open one that
@@ -28,6 +31,12 @@ from aiokafka.structs import TopicPartition
 from pipeline.kafka.records import ConsumedRecord
 
 HighWater = Callable[[TopicPartition], int | None]
+FetchedAt = Callable[[TopicPartition], int | None]
+"""When the broker last answered a fetch for the partition (ms, wall clock; None: never)."""
+
+FETCH_STALE_MS = 5_000.0
+"""Fetches answer within the fetch wait (25 ms) when healthy; silence this long means
+the end offset is no longer known."""
 
 
 def now_ms() -> int:
@@ -44,8 +53,12 @@ class EventTimeClock:
         grace_ms: float,
         max_future_ms: float = 60_000,
         upstream_behind: Callable[[TopicPartition], bool] | None = None,
+        fetched_at: FetchedAt | None = None,
+        stale_ms: float = FETCH_STALE_MS,
     ) -> None:
         self.highwater = highwater
+        self.fetched_at = fetched_at
+        self.stale_ms = stale_ms
         self.upstream_behind = upstream_behind
         self.grace_ms = grace_ms
         self.max_future_ms = max_future_ms
@@ -87,8 +100,15 @@ class EventTimeClock:
     def _behind(self, tp: TopicPartition, now: int) -> bool:
         if self.upstream_behind is not None and self.upstream_behind(tp):
             return True
+        if self.fetched_at is not None and not self._heard_from_lately(tp, now):
+            return True
         last = self._last_offset.get(tp)
         if last is None:
             return now - self._assigned_at.get(tp, 0) < self.grace_ms
         high = self.highwater(tp)
         return high is not None and high > last + 1
+
+    def _heard_from_lately(self, tp: TopicPartition, now: int) -> bool:
+        assert self.fetched_at is not None
+        at = self.fetched_at(tp)
+        return at is not None and now - at <= self.stale_ms

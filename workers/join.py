@@ -143,7 +143,9 @@ class JoinStage(StatefulStage):
         stall_s = max(settings.window_ms / 1000, MIN_STALL_S)
         self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics, stall_s=stall_s)
         behind = (lambda tp: self.progress.behind(tp.partition)) if settings.upstream else None
-        self.clock = EventTimeClock(self._highwater, grace_ms=settings.window_ms, upstream_behind=behind)
+        self.clock = EventTimeClock(
+            self._highwater, grace_ms=settings.window_ms, upstream_behind=behind, fetched_at=self.fetched_at
+        )
         self._last_sweep = 0.0
         self._last_poll = 0.0
 

@@ -103,6 +103,23 @@ def test_watermark_is_event_time_while_behind_and_now_when_caught_up() -> None:
     assert abs(clock.watermark([tp]) - now_ms()) < 1000
 
 
+def test_a_partition_the_broker_stopped_answering_for_is_behind() -> None:
+    """A broker outage must not age streams by the wall clock: the end offset last fetched
+    is old news once fetches stop being answered, and records may be waiting behind it."""
+    tp = TopicPartition("t", 0)
+    ends = Highwater()
+    answered: dict[str, int | None] = {"at": now_ms()}
+    clock = EventTimeClock(ends, grace_ms=0, fetched_at=lambda _tp: answered["at"], stale_ms=5_000)
+    stamp = now_ms() - 60_000
+    clock.observe(_record(10, stamp))
+    ends.ends[tp] = 11  # caught up as of the last fetch
+    assert abs(clock.watermark([tp]) - now_ms()) < 1000, "fetches answered: caught up, event time is now"
+    answered["at"] = now_ms() - 5_001
+    assert clock.watermark([tp]) == stamp, "no fetch answered for 5 s: only what was read counts"
+    answered["at"] = None
+    assert clock.watermark([tp]) == stamp, "never answered: behind"
+
+
 def test_future_timestamps_are_clamped() -> None:
     clock = EventTimeClock(Highwater(), grace_ms=0, max_future_ms=60_000)
     far = now_ms() + 365 * 86_400_000

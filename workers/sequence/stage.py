@@ -84,7 +84,7 @@ class SequenceStage(StatefulStage):
         self.states = self.keyed_state(
             state_topic, StreamStateCodec(), ttl_s=self.idle_timeout_s, max_keys=settings.max_streams
         )
-        self.clock = EventTimeClock(self.highwater, grace_ms=self.idle_timeout_s * 1000)
+        self.clock = EventTimeClock(self.highwater, grace_ms=self.idle_timeout_s * 1000, fetched_at=self.fetched_at)
         self.max_samples = int(settings.sample_rate * settings.max_chunk_seconds)
         self.post: PostProcessor = NoPostProcessing()
         self.results = ResultWriter(io, model_name=settings.model)
