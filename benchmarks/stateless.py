@@ -80,9 +80,16 @@ CASES: dict[str, str] = {
     "c": "naive worker",
     "d": "our stateless stage",
     "p": "(d) with per-record sends",
+    "u": "(d) on asyncio's event loop",
     "e": "faust echo agent",
 }
-KAFKA_CASES = "acdpe"
+VARIANTS_OF_D: dict[str, tuple[dict[str, str], str]] = {
+    "p": ({"PIPELINE_KAFKA_BATCH_SENDS": "false"}, "the outbox's record batches against per-record sends"),
+    "u": ({"PIPELINE_EVENT_LOOP": "asyncio"}, "uvloop against asyncio's event loop"),
+}
+"""(d) again with one setting changed, in the same run: what that setting gains (d / key)."""
+STAGE_CASES = "d" + "".join(VARIANTS_OF_D)
+KAFKA_CASES = "acdpue"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
 TARGET_VS_NAIVE = 10.0  # d >= 10 * c
 
@@ -326,11 +333,11 @@ class Benchmark(StackBenchmark[Config]):
             ]
             marker, n, verify = "READY", cfg.naive_requests, _valid_responses
             notes = ("decode -> infer(batch 1) -> encode -> send_and_wait -> commit, per record",)
-        elif key in "dp":
+        elif key in STAGE_CASES:
             dead = self.topic(key, "dead-letters")
             topics.append(dead)
             variant = self.variant
-            self.variant += "-p" if key == "p" else ""  # its own topology name: its own group
+            self.variant += f"-{key}" if key != "d" else ""  # its own topology name: its own group
             try:
                 topology = self._write_topology(source, sink, dead)
             finally:
@@ -341,8 +348,8 @@ class Benchmark(StackBenchmark[Config]):
             argv = [py, "-m", *runner, "run", str(topology), "--log-level", "warning", *self.run_args()]
             marker, n, verify = "running stages", cfg.requests, _valid_responses
             env = dict(self.worker_env)
-            if key == "p":  # the baseline of the outbox's record batches, in the same run
-                env["PIPELINE_KAFKA_BATCH_SENDS"] = "false"
+            if key in VARIANTS_OF_D:  # (d) with one setting changed, in the same run
+                env.update(VARIANTS_OF_D[key][0])
             notes = (
                 (
                     f"`python -m pipeline run` child process; max_batch_size {cfg.batch}, "
@@ -415,7 +422,7 @@ class Benchmark(StackBenchmark[Config]):
                 result.notes.append(
                     f"{result.duplicates} duplicate results (at-least-once redelivery)"
                 )
-        if worker.key in "dp":
+        if worker.key in STAGE_CASES:
             dead = await read_topic(self.kafka, self.topic(worker.key, "dead-letters"), 0, idle_s=0.3)
             if dead:
                 raise BenchmarkFailure(
@@ -482,8 +489,9 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         out["d_over_min_a_b_target"] = TARGET_VS_BOUND
         out["d_over_min_a_b_met"] = d / bound >= TARGET_VS_BOUND
         out["min_a_b_is"] = "a" if a <= b else "b"
-    if d is not None and (p := report.throughput_of(results, "p")) is not None:
-        out["d_over_p"] = d / p  # what the record batches gain, same run
+    for key in VARIANTS_OF_D:
+        if d is not None and (variant := report.throughput_of(results, key)) is not None:
+            out[f"d_over_{key}"] = d / variant  # what the setting gains, same run
     if d is not None and c is not None:
         out["d_over_c"] = d / c
         out["d_over_c_target"] = TARGET_VS_NAIVE
@@ -547,8 +555,9 @@ def print_report(
             f"d / min(a, b) = {rat['d_over_min_a_b']:.2f}  (min is {rat['min_a_b_is']}; "
             f"target >= {TARGET_VS_BOUND}): {verdict(rat['d_over_min_a_b_met'])}"
         )
-    if "d_over_p" in rat:
-        console.print(f"d / p = {rat['d_over_p']:.2f}  (the outbox's record batches against per-record sends)")
+    for key, (_env, gain) in VARIANTS_OF_D.items():
+        if f"d_over_{key}" in rat:
+            console.print(f"d / {key} = {rat[f'd_over_{key}']:.2f}  ({gain})")
     if "d_over_c" in rat:
         console.print(
             f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pipeline.cli.app import app
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
 from pipeline.observability.logging import LogSettings, configure_logging
+from pipeline.runtime.event_loop import EventLoopName, chosen_event_loop, run_on_event_loop
 from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT
 from pipeline.runtime.runner import RunningProcess, health_port, run_topology
 from pipeline.runtime.summary import StartupSummary
@@ -101,19 +101,21 @@ def run(
 
     Creates missing topics, checks each model is ready before its stage
     consumes, and on SIGTERM/Ctrl-C finishes in-flight work, commits and exits 0.
+    Serves on uvloop's event loop (PIPELINE_EVENT_LOOP=asyncio for asyncio's own).
     """
     logs = LogSettings(log_level.lower(), log_format)
     configure_logging(logs)
     say = Announcer(logs.json)
+    loop = chosen_event_loop()
     topology = load_topology(topology_file)
     endpoints, stack = endpoints_for(topology, say)
     port = health_port(topology, http_port)  # --http-port, else the topology's, else DEFAULT_PORT
     code = 0
     try:
         if processes > 1:
-            code = _supervise(topology_file, topology, endpoints, processes, port, stage, health_host, logs, say)
+            code = _supervise(topology_file, topology, endpoints, processes, port, stage, health_host, logs, say, loop)
         else:
-            _serve(topology, endpoints, stage, port, health_host, say, process_index, process_count)
+            _serve(topology, endpoints, stage, port, health_host, say, process_index, process_count, loop)
     finally:
         if stack is not None:
             stack.stop()
@@ -132,6 +134,7 @@ def _serve(
     say: Announcer,
     index: int,
     count: int,
+    loop: EventLoopName,
 ) -> None:
     """This process runs the stages; process ``index`` of ``count`` under a supervisor."""
 
@@ -141,9 +144,9 @@ def _serve(
         summary = StartupSummary.of(topology, ios, endpoints, url, process=index + 1, processes=count)
         say.summary(summary, full=index == 0)
 
-    asyncio.run(run_topology(
+    run_on_event_loop(run_topology(
         topology, endpoints, only_stages=stage, http_port=port, http_host=health_host, on_ready=ready
-    ))
+    ), loop)
 
 
 def _supervise(
@@ -156,6 +159,7 @@ def _supervise(
     health_host: str,
     logs: LogSettings,
     say: Announcer,
+    loop: EventLoopName,
 ) -> int:
     """Start ``count`` children of this command (one process each), keep them running."""
 
@@ -174,4 +178,4 @@ def _supervise(
     # Children talk to exactly what this process resolved (an embedded stack included).
     env = {**os.environ, **endpoints.environment()}
     supervisor = Supervisor(argv, count, env=env, stop_timeout_s=topology.drain_timeout_s + _SUPERVISOR_MARGIN_S)
-    return asyncio.run(supervisor.run())
+    return run_on_event_loop(supervisor.run(), loop)
