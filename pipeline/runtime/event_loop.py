@@ -2,12 +2,12 @@
 
 Why uvloop: a stage is one CPU-bound event-loop thread, and uvloop's loop (libuv,
 Cython) schedules callbacks and moves socket bytes for less CPU than asyncio's own.
-Measured with ``benchmarks.stateless --cases ad`` on this project's stateless stage,
-three pairs of runs alternating uvloop and asyncio (benchmarks/README.md, "Event
-loop"): the stage's CPU per request fell 6–11 % and its p50 latency at half its
-throughput roughly halved. asyncio's loop stays one variable away for debugging
-(its debug mode, tools that expect it); where uvloop is not installed (Windows),
-asyncio's is used.
+Measured with ``benchmarks.stateless``, case (d) against case (u) (the same stage on
+asyncio's loop) in the same run, nine runs (benchmarks/README.md, "Event loop"):
+throughput median 1.17×, the stage's CPU per request median -15 %; no difference
+beyond the noise on the audio path. asyncio's loop stays one variable away for
+debugging (its debug mode, tools that expect it); where uvloop is not installed
+(Windows), asyncio's is used.
 """
 
 from __future__ import annotations
