@@ -13,8 +13,11 @@ A partition written by other stages is caught up only when they are too
 (``upstream_behind``, a join's branches): what they have not processed yet is
 older than what was read. A partition the broker has not answered a fetch for
 in ``stale_ms`` (unreachable, paused) is behind too: its end offset is old news, and
-records stamped during the silence may be waiting there, so a broker outage
-does not age streams or windows by the wall clock. Messages between stages keep their request's
+records stamped during the silence may be waiting there. Once the broker answers
+again the partition is read for ``grace_ms`` before it is trusted, as after an
+assignment: the stages upstream were cut off as well, and what they still have to
+deliver is older than now. So a broker outage does not age streams or windows by
+the wall clock. Messages between stages keep their request's
 timestamp, so every stage of a topology judges in the same event time.
 Timestamps more than ``max_future_ms`` ahead of the wall clock are clamped: one
 record stamped next year must not close every window at once, nor open one that
@@ -65,6 +68,7 @@ class EventTimeClock:
         self._event_time: dict[TopicPartition, int] = {}
         self._last_offset: dict[TopicPartition, int] = {}
         self._assigned_at: dict[TopicPartition, int] = {}
+        self._trusted_from: dict[TopicPartition, int] = {}
 
     def timestamp(self, record: ConsumedRecord) -> int:
         """The record's event time, clamped to at most ``max_future_ms`` ahead of now."""
@@ -84,9 +88,16 @@ class EventTimeClock:
             self._assigned_at[tp] = at
 
     def forget(self, numbers: set[int]) -> None:
-        for table in (self._event_time, self._last_offset, self._assigned_at):
+        for table in (self._event_time, self._last_offset, self._assigned_at, self._trusted_from):
             for tp in [tp for tp in table if tp.partition in numbers]:
                 del table[tp]
+
+    def watch(self, partitions: Iterable[TopicPartition]) -> None:
+        """Look at the partitions' fetches now (each sweep), so a silence of the broker is
+        noticed even while nothing asks for a watermark."""
+        now = now_ms()
+        for tp in partitions:
+            self._heard_from_lately(tp, now)
 
     def watermark(self, partitions: Iterable[TopicPartition]) -> int:
         """Event time every one of ``partitions`` has reached (the minimum)."""
@@ -100,7 +111,7 @@ class EventTimeClock:
     def _behind(self, tp: TopicPartition, now: int) -> bool:
         if self.upstream_behind is not None and self.upstream_behind(tp):
             return True
-        if self.fetched_at is not None and not self._heard_from_lately(tp, now):
+        if not self._heard_from_lately(tp, now):
             return True
         last = self._last_offset.get(tp)
         if last is None:
@@ -109,6 +120,10 @@ class EventTimeClock:
         return high is not None and high > last + 1
 
     def _heard_from_lately(self, tp: TopicPartition, now: int) -> bool:
-        assert self.fetched_at is not None
+        if self.fetched_at is None:
+            return True
         at = self.fetched_at(tp)
-        return at is not None and now - at <= self.stale_ms
+        if at is None or now - at > self.stale_ms:
+            self._trusted_from[tp] = now + int(self.grace_ms)  # silent: trusted grace_ms after it answers
+            return False
+        return now >= self._trusted_from.get(tp, 0)

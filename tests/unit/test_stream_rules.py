@@ -109,13 +109,21 @@ def test_a_partition_the_broker_stopped_answering_for_is_behind() -> None:
     tp = TopicPartition("t", 0)
     ends = Highwater()
     answered: dict[str, int | None] = {"at": now_ms()}
-    clock = EventTimeClock(ends, grace_ms=0, fetched_at=lambda _tp: answered["at"], stale_ms=5_000)
+    clock = EventTimeClock(ends, grace_ms=10_000, fetched_at=lambda _tp: answered["at"], stale_ms=5_000)
     stamp = now_ms() - 60_000
     clock.observe(_record(10, stamp))
     ends.ends[tp] = 11  # caught up as of the last fetch
     assert abs(clock.watermark([tp]) - now_ms()) < 1000, "fetches answered: caught up, event time is now"
     answered["at"] = now_ms() - 5_001
+    clock.watch([tp])
     assert clock.watermark([tp]) == stamp, "no fetch answered for 5 s: only what was read counts"
+    answered["at"] = now_ms()
+    assert clock.watermark([tp]) == stamp, "answered again: read for the grace period before it is trusted"
+    clock.grace_ms = 0
+    answered["at"] = now_ms() - 6_000
+    clock.watch([tp])  # silent again, now with no grace
+    answered["at"] = now_ms()
+    assert abs(clock.watermark([tp]) - now_ms()) < 1000, "answered again, grace over: caught up"
     answered["at"] = None
     assert clock.watermark([tp]) == stamp, "never answered: behind"
 

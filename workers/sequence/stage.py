@@ -232,6 +232,7 @@ class SequenceStage(StatefulStage):
         if now - self._last_sweep < _SWEEP_S:
             return
         self._last_sweep = now
+        self.clock.watch(self._owned)
         for stream in self.streams:
             await self._check_gap(stream, now)
         for entry in self.states.due(now):
