@@ -69,6 +69,7 @@ class EventTimeClock:
         self._last_offset: dict[TopicPartition, int] = {}
         self._assigned_at: dict[TopicPartition, int] = {}
         self._trusted_from: dict[TopicPartition, int] = {}
+        self._last_watch: int | None = None
 
     def timestamp(self, record: ConsumedRecord) -> int:
         """The record's event time, clamped to at most ``max_future_ms`` ahead of now."""
@@ -93,10 +94,16 @@ class EventTimeClock:
                 del table[tp]
 
     def watch(self, partitions: Iterable[TopicPartition]) -> None:
-        """Look at the partitions' fetches now (each sweep), so a silence of the broker is
-        noticed even while nothing asks for a watermark."""
+        """Look at the partitions' fetches now; the stage calls this every sweep, so a silence
+        of the broker is noticed even while nothing asks for a watermark. A stage that could
+        not sweep for ``stale_ms`` (its membership fence held it through a broker outage)
+        saw nothing of that time: its partitions are read for ``grace_ms`` before trusted."""
         now = now_ms()
+        unseen = self._last_watch is not None and now - self._last_watch > self.stale_ms
+        self._last_watch = now
         for tp in partitions:
+            if unseen:
+                self._trusted_from[tp] = now + int(self.grace_ms)
             self._heard_from_lately(tp, now)
 
     def watermark(self, partitions: Iterable[TopicPartition]) -> int:

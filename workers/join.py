@@ -294,6 +294,7 @@ class JoinStage(StatefulStage):
         if now - self._last_sweep < 0.2:
             return
         self._last_sweep = now
+        self.clock.watch(self._owned)
         if now - self._last_poll >= _POLL_S and any(not entry.state.done for entry in self.states):
             self._last_poll = now
             assert self._consumer is not None

@@ -128,6 +128,22 @@ def test_a_partition_the_broker_stopped_answering_for_is_behind() -> None:
     assert clock.watermark([tp]) == stamp, "never answered: behind"
 
 
+def test_a_stage_that_could_not_look_for_a_while_reads_before_it_trusts() -> None:
+    """The membership fence holds a stage's loop through a broker outage, so no sweep sees
+    the silence; the gap between two sweeps is the evidence: grace before trust."""
+    tp = TopicPartition("t", 0)
+    ends = Highwater()
+    clock = EventTimeClock(ends, grace_ms=10_000, fetched_at=lambda _tp: now_ms(), stale_ms=5_000)
+    stamp = now_ms() - 60_000
+    clock.observe(_record(10, stamp))
+    ends.ends[tp] = 11
+    clock.watch([tp])
+    assert abs(clock.watermark([tp]) - now_ms()) < 1000, "swept just now, fetches answered: caught up"
+    clock._last_watch = now_ms() - 30_000  # the last sweep was 30 s ago
+    clock.watch([tp])
+    assert clock.watermark([tp]) == stamp, "30 s unseen: read for the grace period first"
+
+
 def test_future_timestamps_are_clamped() -> None:
     clock = EventTimeClock(Highwater(), grace_ms=0, max_future_ms=60_000)
     far = now_ms() + 365 * 86_400_000
