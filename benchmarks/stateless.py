@@ -89,7 +89,7 @@ VARIANTS_OF_D: dict[str, tuple[dict[str, str], str]] = {
 }
 """(d) again with one setting changed, in the same run: what that setting gains (d / key)."""
 STAGE_CASES = "d" + "".join(VARIANTS_OF_D)
-KAFKA_CASES = "acdpue"
+KAFKA_CASES = "ac" + STAGE_CASES + "e"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
 TARGET_VS_NAIVE = 10.0  # d >= 10 * c
 

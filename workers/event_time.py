@@ -104,7 +104,7 @@ class EventTimeClock:
         for tp in partitions:
             if unseen:
                 self._trusted_from[tp] = now + int(self.grace_ms)
-            self._heard_from_lately(tp, now)
+            self._answering(tp, now)
 
     def watermark(self, partitions: Iterable[TopicPartition]) -> int:
         """Event time every one of ``partitions`` has reached (the minimum)."""
@@ -118,7 +118,7 @@ class EventTimeClock:
     def _behind(self, tp: TopicPartition, now: int) -> bool:
         if self.upstream_behind is not None and self.upstream_behind(tp):
             return True
-        if not self._heard_from_lately(tp, now):
+        if not self._answering(tp, now):
             return True
         last = self._last_offset.get(tp)
         if last is None:
@@ -126,7 +126,9 @@ class EventTimeClock:
         high = self.highwater(tp)
         return high is not None and high > last + 1
 
-    def _heard_from_lately(self, tp: TopicPartition, now: int) -> bool:
+    def _answering(self, tp: TopicPartition, now: int) -> bool:
+        """Whether the broker answers fetches for ``tp`` and has for ``grace_ms`` since its
+        last silence; a silence seen now is noted (the grace starts again)."""
         if self.fetched_at is None:
             return True
         at = self.fetched_at(tp)
