@@ -140,7 +140,12 @@ class StreamStage(abc.ABC):
         # arriving before restore finishes or after a revocation wait, or are left to the next owner.
         self._owned: set[TopicPartition] = set()
         self.fence = StageFence()
-        self._fetch = UnreadableRecords(kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"])  # no crash loop
+        skipped = metrics.offsets_skipped
+        self._fetch = UnreadableRecords(  # no crash loop on undecodable records, no move past a skipped offset
+            kafka,
+            max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"],
+            on_gap=lambda tp, _expected, _answered: skipped.labels(io.stage, tp.topic, str(tp.partition)).inc(),
+        )
         self._traces = stage_tracer(io.stage, io.group_id)  # None: tracing off
         self._lanes = LaneScheduler(io.stage, io.lanes, metrics) if io.lanes else None
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from aiokafka.structs import TopicPartition
 
+from pipeline.kafka import continuity
 from pipeline.kafka.clients import make_consumer
 from pipeline.kafka.to_end import ReadToEnd
 from pipeline.settings import KafkaSettings
@@ -25,6 +26,7 @@ async def read_changelog(
     latest: dict[int, dict[bytes, bytes]] = {tp.partition: {} for tp in wanted}
     if not wanted:
         return latest
+    continuity.expect_gaps(topic)  # compaction drops whole batches
     consumer = make_consumer(settings, group_id=None, isolation_level="read_uncommitted")
     await consumer.start()
     try:

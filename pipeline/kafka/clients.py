@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExists
 
 from pipeline.contract.errors import one_line
 from pipeline.errors import EndpointUnreachable
+from pipeline.kafka import continuity
 from pipeline.settings import KafkaSettings
 
 #: What a record may carry besides the largest value a stage accepts: key, headers (the
@@ -121,7 +122,9 @@ def make_consumer(
     limits: RecordLimits | None = None,
     **overrides: Any,
 ) -> AIOKafkaConsumer:
-    """A consumer whose fetches hold a record of ``limits.max_record_bytes`` (4 MiB at least)."""
+    """A consumer whose fetches hold a record of ``limits.max_record_bytes`` (4 MiB at least),
+    and that never moves past an offset the broker skipped (:mod:`pipeline.kafka.continuity`)."""
+    continuity.install()
     kwargs: dict[str, Any] = {
         **settings.client_kwargs(),
         "group_id": group_id,

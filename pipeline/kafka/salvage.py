@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
-from aiokafka.consumer.fetcher import READ_COMMITTED, PartitionRecords
+from aiokafka.consumer.fetcher import READ_COMMITTED
 from aiokafka.record.default_records import _DefaultRecordBatchPy
 from aiokafka.record.legacy_records import _LegacyRecordBatchPy
 from aiokafka.record.memory_records import MemoryRecords
@@ -37,6 +37,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from pipeline.contract.headers import Headers
 from pipeline.contract.records import source_position_headers
+from pipeline.kafka.continuity import GuardedPartitionRecords, OffsetGapError
 
 _FRAME = struct.Struct(">qi")  # BaseOffset, Length: the same in message formats v0, v1 and v2
 _MAGIC_AT = 16  # BaseOffset(8) + Length(4) + PartitionLeaderEpoch or CRC(4)
@@ -121,13 +122,17 @@ def salvage(
     readable or not, and the offset after that batch (the consumer re-parses a
     whole batch on every fetch, so it can only go on past the batch's end).
     """
-    partition_records = PartitionRecords(
+    # Guarded as the consumer's own unpacking is: a gap before the failure ends what is
+    # readable there (the caller fetches it again), never skips it.
+    partition_records = GuardedPartitionRecords(
         tp, MemoryRecords(data), aborted_transactions, fetch_offset, None, None, check_crcs, isolation_level
     )
     readable: list[Any] = []
     try:
         readable.extend(partition_records)
         return None
+    except OffsetGapError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any decode error: the point is to find where
         error: Exception = exc
     failed_at: int = partition_records.next_fetch_offset

@@ -52,6 +52,7 @@ from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodec
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.structs import TopicPartition
 
+from pipeline.kafka.continuity import GapObserver, observing
 from pipeline.kafka.salvage import Salvage, UnreadableRecord, salvage
 from pipeline.settings import KafkaSettings
 
@@ -76,8 +77,16 @@ def is_decode_error(exc: BaseException) -> bool:
 class UnreadableRecords:
     """``consumer.getmany`` for a stage: decode errors turn into stand-ins, never into a crash."""
 
-    def __init__(self, kafka: KafkaSettings, *, max_fetch_bytes: int = 4 << 20, check_crcs: bool = True) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        max_fetch_bytes: int = 4 << 20,
+        check_crcs: bool = True,
+        on_gap: GapObserver | None = None,
+    ) -> None:
         self._kafka = kafka
+        self._on_gap = on_gap
         self._max_fetch_bytes = max_fetch_bytes
         self._check_crcs = check_crcs
         self._next: dict[TopicPartition, int] = {}  # offset after the last record handed out
@@ -90,7 +99,11 @@ class UnreadableRecords:
 
     async def getmany(self, consumer: AIOKafkaConsumer, *, timeout_ms: int, max_records: int) -> Fetched:
         try:
-            batch: Fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            if self._on_gap is None:
+                batch: Fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            else:
+                with observing(self._on_gap):  # fetches are unpacked (and checked) inside getmany
+                    batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         except Exception as exc:
             if not is_decode_error(exc):
                 raise

@@ -151,6 +151,13 @@ class PipelineMetrics:
             "Records the consumer could not decode (bad header key, CRC, structure), dead-lettered by position.",
             "cause",
         )
+        self.offsets_skipped = counter(
+            "pipeline_offsets_skipped_total",
+            "Fetch answers that skipped an offset (a broker fault: pipeline.kafka.continuity); each one "
+            "was fetched again, never moved past.",
+            "topic",
+            "partition",
+        )
         self.fenced_outputs = counter(
             "pipeline_fenced_outputs_total",
             "Outputs (results, dead letters, checkpoints) held while this worker's group membership "
