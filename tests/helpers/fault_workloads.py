@@ -32,6 +32,7 @@ from tests.helpers.dense_reference import random_features
 from tests.helpers.fault_compare import Identity, Rec, RunOutputs, by_key, by_stream_result, compare, recovery_s
 from tests.helpers.figures import report
 from tests.helpers.kafka_io import header, produce
+from tests.helpers.outcome_audit import audit_outcomes
 from tests.helpers.streams import AUDIO_STAGES, interleave, stream_records, utterance
 from tests.helpers.topology_process import (
     ENSEMBLE_YAML,
@@ -145,17 +146,25 @@ class Run:
         self.worker = PipelineProcess(self.topology, env or self.env, log)
         return self.worker
 
+    def new_worker_beside(self) -> PipelineProcess:
+        """Another `pipeline run` of the same topology that shares the work with :attr:`worker`."""
+        return PipelineProcess(self.topology, self.env, self.logs / f"{self.workload.kind}-{uuid.uuid4().hex[:6]}.log")
+
     def produce(self, bootstrap: str, *, seconds: float) -> None:
         self.producer = self.workload.producing(bootstrap, self.topology, seconds=seconds)
 
     def finish(self, bootstrap: str, timeout: float = 180.0) -> RunOutputs:
         """Wait for the producer and for every result, stop the worker cleanly (exit code 0),
-        then read all outputs to the end."""
+        audit that every record each stage consumed has an outcome (across every restart:
+        :mod:`tests.helpers.outcome_audit`), then read all outputs to the end."""
         if self.producer is not None:
             self.producer.join(timeout=timeout)
         collect_outputs(bootstrap, self.topology, self.workload.done, timeout=timeout)
         code = self.worker.terminate()
         assert code == 0, f"{self.workload.kind}: exit code {code}\n{self.worker.log()}"
+        audit = audit_outcomes(bootstrap, self.topology.path)
+        print(f"\noutcome audit [{self.workload.kind}]: {audit.line()}")
+        assert not audit.problems(), f"{self.workload.kind}: " + "; ".join(audit.problems())
         return RunOutputs.read(bootstrap, self.topology, self.workload.identity)
 
 

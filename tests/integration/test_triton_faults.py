@@ -35,6 +35,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,42 @@ def test_a_corrupt_checkpoint_is_dead_lettered_and_nothing_else_changes(campaign
         letters = sorted(r.key for r in out.dead_letters)
         assert letters == sorted(corrupt[kind][1]), f"{kind}: each corrupt checkpoint dead-lettered once: {letters}"
         assert counted[kind] == len(corrupt[kind][1]), kind
+
+
+# ------------------------------------------------------------------ (f) a rebalance storm
+
+STORM_S = 24.0
+STORM_EVERY_S = 4.0
+
+
+def test_a_rebalance_storm_downstream_of_stateless_dali_and_join_stages_loses_nothing(campaign: Campaign) -> None:
+    """No Triton fault: Triton is healthy, and this campaign's references serve. For 24 s, an
+    extra worker of every topology joins, or leaves (SIGTERM), every 4 s, so every stage,
+    those behind the stateless, DALI and join stages included, rebalances again and again
+    while several processes write each intermediate partition (the load that made the
+    embedded broker skip offsets, issue 25). Beyond the comparison with the reference, each
+    run's outcome audit (in ``Run.finish``) accounts for every record each stage consumed."""
+    runs = campaign.start(ALL, seconds=STORM_S + 10)
+    extra: dict[str, PipelineProcess | None] = dict.fromkeys(ALL)
+    changes, deadline = 0, time.monotonic() + STORM_S
+    with ThreadPoolExecutor(len(ALL)) as starting:
+        while time.monotonic() < deadline:
+            for run in runs:
+                worker = extra[run.workload.kind]
+                if worker is None:  # joins every group of the topology, without waiting for it
+                    extra[run.workload.kind] = worker = run.new_worker_beside()
+                    starting.submit(worker.start)
+                else:  # leaves them; SIGTERM before its handlers are in place is a crash, also fine
+                    assert worker.terminate() in (0, -signal.SIGTERM), worker.log()
+                    extra[run.workload.kind] = None
+            changes += 1
+            time.sleep(STORM_EVERY_S)
+        for worker in extra.values():
+            if worker is not None:
+                assert worker.terminate() in (0, -signal.SIGTERM), worker.log()
+    fault_end_ms = _now_ms()
+    skipped = {run.workload.kind: run.worker.metric("pipeline_offsets_skipped_total") for run in runs}
+    outputs = finish_all(runs, campaign.bootstrap)
+    notes = {kind: f"{changes} membership changes in {STORM_S:g} s" for kind in outputs}
+    campaign.judge("rebalance storm", outputs, fault_end_ms, notes=notes)
+    print(f"broker skips caught by the workers that stayed: {skipped}")
