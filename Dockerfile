@@ -9,7 +9,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY pipeline ./pipeline
 COPY workers ./workers
-RUN pip install .
+# audio: NVIDIA DALI, for the preprocess stage of topologies/audio.yaml (docker-compose.yaml runs it).
+RUN pip install ".[audio]"
 
 COPY topologies ./topologies
 COPY sample_models ./sample_models

@@ -3,13 +3,17 @@
 # (apt) and a virtual environment in .venv with the package in editable mode.
 #
 #   scripts/install.sh          runtime + embedded stack (Kafka broker, S3 store, Triton)
-#   scripts/install.sh --test   the same plus the test tools
+#                               + DALI (the audio stage of topologies/audio.yaml)
+#   scripts/install.sh --test   the same plus matplotlib (`pipeline bench --plot`) and the test tools
+#
+# Extras (pyproject.toml): embedded = the local stack, audio = NVIDIA DALI, plot = matplotlib,
+# test = the test tools (faust-streaming included). The core alone is `pip install .`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="embedded"
+extras="embedded,audio"
 if [[ "${1:-}" == "--test" ]]; then
-    extras="embedded,test"
+    extras="embedded,audio,plot,test"   # the tests exercise the DALI stage and the plot
 fi
 
 # libpython3.11: embedded by Triton's Python-backend stub.

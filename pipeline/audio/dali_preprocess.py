@@ -58,6 +58,7 @@ import numpy as np
 from pipeline.audio.device import Device, DeviceRequest, resolve_device
 from pipeline.audio.inputs import AudioInput
 from pipeline.audio.resample import antialias_kernel, lobes_for_quality
+from pipeline.extras import DALI, require
 
 if TYPE_CHECKING:
     from nvidia.dali.pipeline import Pipeline
@@ -95,6 +96,7 @@ class AudioPreprocessor:
         if max_batch_size < 1 or num_threads < 1:
             raise ValueError("max_batch_size and num_threads must be at least 1")
         lobes_for_quality(quality)  # validates the range
+        require("DALI audio preprocessing", DALI)  # one line naming the `audio` extra, not an ImportError
         self.target_rate = int(target_rate)
         self.max_batch_size = int(max_batch_size)
         self.num_threads = int(num_threads)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from rich.markup import escape
+
 # Importing registers the sub-commands on `app`.
 from pipeline.cli import bench as _bench  # noqa: F401
 from pipeline.cli import consume as _consume  # noqa: F401
@@ -29,7 +31,7 @@ def main() -> None:
     try:
         app()  # standalone: click prints usage errors itself and exits 2
     except PipelineError as exc:
-        console_err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        console_err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # `[audio]` is text
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -21,6 +21,7 @@ import typer
 
 from pipeline.cli.app import app, console, console_err
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.extras import MATPLOTLIB, require
 
 if TYPE_CHECKING:
     from pipeline.tools.bench.plan import Plan
@@ -74,6 +75,8 @@ def bench(
     for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
         if path is not None and not path.parent.is_dir():
             raise ConfigError(f"{flag} {path}: folder {path.parent} does not exist")
+    if plot_path is not None:
+        require("pipeline bench --plot", MATPLOTLIB)  # before the sweep, not after it
     if not topology.is_file():
         raise ConfigError(f"{topology}: no such file")
     target = Target.load(topology)

@@ -12,6 +12,7 @@ from pipeline.cli.announce import Announcer
 from pipeline.cli.app import app
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
+from pipeline.extras import require_for_topology
 from pipeline.observability.logging import LogSettings, configure_logging
 from pipeline.runtime.event_loop import EventLoopName, chosen_event_loop, run_on_event_loop
 from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT
@@ -108,6 +109,7 @@ def run(
     say = Announcer(logs.json)
     loop = chosen_event_loop()
     topology = load_topology(topology_file)
+    require_for_topology(topology, stage)  # a missing extra (DALI) fails before the stack starts
     endpoints, stack = endpoints_for(topology, say)
     port = health_port(topology, http_port)  # --http-port, else the topology's, else DEFAULT_PORT
     code = 0

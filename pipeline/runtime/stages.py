@@ -16,6 +16,7 @@ from pipeline.contract.reply import reply_prefix
 from pipeline.contract.request import DEFAULT_MAX_VALUE_BYTES
 from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.errors import ConfigError
+from pipeline.extras import DALI, require
 from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.clients import RecordLimits
 from pipeline.kafka.progress import Upstream
@@ -83,6 +84,7 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
 
 def build_dali(ctx: BuildContext, config: Stage) -> StreamStage:
     assert isinstance(config, DaliStageConfig)
+    require(f"stage {config.name!r} (kind: dali)", DALI)  # DALI itself is imported on the stage's thread
     # The settings share their field names with the topology's, but for the batch size.
     same = {f.name: getattr(config, f.name) for f in fields(DaliSettings) if f.name != "max_batch_size"}
     backend = DaliAudioBackend(DaliSettings(**same, max_batch_size=config.batching.max_batch_size or 64))

@@ -2,10 +2,14 @@
 
 - Every third-party module imported anywhere in ``pipeline/`` or ``workers/`` (lazy imports
   included) belongs to a distribution declared in ``[project] dependencies`` or in the
-  ``embedded`` extra (the local stack ``pipeline run`` starts by default). aiohttp, for
-  one, used to arrive only because faust-streaming depends on it.
+  ``embedded`` extra (the local stack ``pipeline run`` starts by default), or, in the
+  modules of a feature behind an extra (``audio``: DALI, ``plot``: matplotlib, ``faust``),
+  to that extra. aiohttp, for one, used to arrive only because faust-streaming depends on it.
 - Every distribution in ``[project] dependencies`` is imported somewhere there: a runtime
   dependency has a run-time role (a benchmark's library belongs in an extra).
+- The core stays lean: no ``nvidia-*`` distribution and no matplotlib in ``[project]
+  dependencies``, and ``import pipeline, pipeline.client, pipeline.cli`` loads neither DALI
+  nor matplotlib (their modules import them inside functions only).
 
 Import names map to distributions through ``importlib.metadata.packages_distributions()``;
 namespace packages shared by several distributions (``google``, ``nvidia``,
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from functools import cache
 from importlib import metadata
@@ -34,6 +39,16 @@ from this entry-point group, as OpenTelemetry's own auto-configuration does."""
 OPTIONAL_INTEGRATIONS = {"pipeline/client/faust.py": "faust"}
 """Modules that may import their extra's distributions too: an integration with a framework
 the user installs (``pip install ...[faust]``); nothing else in the package imports them."""
+OPTIONAL_FEATURES = {
+    "pipeline/audio/dali_preprocess.py": "audio",
+    "pipeline/audio/device.py": "audio",
+    "pipeline/tools/bench/plot.py": "plot",
+}
+"""Modules of a feature behind an extra (the DALI stage, ``pipeline bench --plot``): they may
+import their extra's distributions, inside functions only (checked below), so that importing
+them, as the CLI and the stage builders do, never needs the extra."""
+LEAN_CORE_EXCLUDES = ("nvidia-", "matplotlib")
+"""Prefixes of distributions that must never be core dependencies (hundreds of MB, one feature each)."""
 TEST_ONLY_MODULES = {"pipeline/audio/reference.py": "the tests' and benchmarks' numpy/scipy reference of DALI"}
 """Modules of the package that nothing in ``pipeline/`` or ``workers/`` imports (checked below)."""
 
@@ -69,6 +84,8 @@ def _runtime_allowed(importer: str | None = None) -> set[str]:
     allowed = _core().union(*(_extra(extra) for extra in RUNTIME_EXTRAS))
     if importer in OPTIONAL_INTEGRATIONS:
         allowed |= _extra(OPTIONAL_INTEGRATIONS[importer])
+    if importer in OPTIONAL_FEATURES:
+        allowed |= _extra(OPTIONAL_FEATURES[importer])
     return allowed
 
 
@@ -84,6 +101,32 @@ def _imported_names(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _eagerly_imported_names(path: Path) -> set[str]:
+    """Like :func:`_imported_names`, but only what runs when the module is imported: imports in
+    its body (``if``/``try`` blocks included), not in functions or ``if TYPE_CHECKING:``."""
+    names: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(ast.parse(path.read_text()).body)
     return names
 
 
@@ -173,3 +216,39 @@ def test_optional_integrations_import_their_extra_and_nothing_imports_them() -> 
         if (names := {n for name in _imported_names(path) for n in (name, name.rpartition(".")[0])}) & integrations
     }
     assert importers == {}, importers
+
+
+def test_optional_features_import_their_extra_lazily() -> None:
+    """A feature's module imports its extra's distributions, and only inside functions."""
+    for rel, extra in OPTIONAL_FEATURES.items():
+        assert (REPO / rel).is_file(), rel
+        lazily = {d for name in _imported_names(REPO / rel) if _third_party(name) for d in distributions_of(name)}
+        assert lazily & _extra(extra), f"{rel} imports nothing from the {extra!r} extra"
+        eagerly = {d for name in _eagerly_imported_names(REPO / rel) if _third_party(name) for d in distributions_of(name)}
+        assert not eagerly & _extra(extra), f"{rel} imports {sorted(eagerly & _extra(extra))} when imported"
+
+
+def test_extras_of_the_layout() -> None:
+    """DALI and matplotlib are extras of their own; numpy's <2 cap lives with the embedded stack only."""
+    assert "nvidia-dali-cuda120" in _extra("audio")
+    assert "matplotlib" in _extra("plot")
+    groups = {"core": _project()["dependencies"], **_project()["optional-dependencies"]}  # type: ignore[dict-item]
+    numpy = {group: spec for group, specs in groups.items() for spec in specs if _requirement_name(spec) == "numpy"}
+    assert "<2" not in numpy["core"], f"the core must accept numpy 2: {numpy}"
+    assert "<2" in numpy["embedded"], f"nvidia-pytriton needs numpy<2, stated in the embedded extra: {numpy}"
+
+
+def test_the_core_has_no_nvidia_package_and_no_matplotlib() -> None:
+    heavy = sorted(d for d in _core() if d.startswith(LEAN_CORE_EXCLUDES))
+    assert heavy == [], f"core dependencies that belong in an extra: {heavy}"
+
+
+def test_importing_the_package_client_and_cli_loads_neither_dali_nor_matplotlib() -> None:
+    # A fresh interpreter: this one may have imported either already.
+    code = (
+        "import sys, pipeline, pipeline.client, pipeline.cli\n"
+        "print(sorted(m for m in sys.modules if m == 'nvidia.dali' or m.startswith(('nvidia.dali.', 'matplotlib'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline.errors", "pipeline.contract"),
     (
         "pipeline.settings",
+        "pipeline.extras",
         "pipeline.endpoints",
         "pipeline.processes",
         "pipeline.failure_policy",

@@ -4,19 +4,22 @@ The usual way to read a load sweep: each step is a point at (verified
 results per second, latency), joined in step order, p50 solid and p99
 dashed, so the knee (where latency rises and throughput stops) shows, and the
 gap between the two paths is what the topology adds. matplotlib draws it
-headless (the Agg backend: no display needed); its only role in the project.
+headless (the Agg backend: no display needed); its only role in the project,
+so it comes with the ``plot`` extra and is imported only here, when drawing.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.extras import MATPLOTLIB, require
 from pipeline.tools.bench.stats import StepStats
 from pipeline.tools.bench.sweep import SweepResult
 
 
 def write_plot(result: SweepResult, path: Path, *, title: str) -> None:
     """Draw ``result`` into ``path`` (PNG)."""
+    require("pipeline bench --plot", MATPLOTLIB)
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file only
