@@ -155,8 +155,10 @@ class _ContinuousBatches:
         batch = self._records.next_batch()
         if batch is None:
             return False
-        base = batch.base_offset
-        if base > self._expected:
+        # Message format v2 batches know their first offset; a legacy (v0/v1) message set does
+        # not (aiokafka's C reader has no base_offset for it), and is passed through unchecked.
+        base = getattr(batch, "base_offset", None)
+        if base is not None and base > self._expected:
             DETECTIONS.gap(self._tp, self._expected, base)
             self._expected = -1  # ends the record set: nothing past the gap is handed out
             return False

@@ -12,6 +12,7 @@ import pytest
 from aiokafka.consumer.fetcher import READ_COMMITTED
 from aiokafka.record import _crecords
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy, _DefaultRecordBatchPy
+from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
@@ -92,6 +93,15 @@ def test_an_answer_that_starts_past_the_fetch_offset_hands_out_nothing(detection
     # The refetch answers from the missing offset: it is handed out, and no longer missing.
     assert unpack(batch(2303, 4), 2303) == ([2303, 2304, 2305, 2306], 2307)
     assert detections.missing == {}
+
+
+def test_a_legacy_message_set_passes_through_unchecked(detections: continuity._Detections) -> None:
+    builder = LegacyRecordBatchBuilder(1, 0, 1 << 20)
+    for i in range(3):
+        builder.append(i, timestamp=None, key=None, value=b"v")
+    legacy = bytes(builder.build())
+    assert unpack(legacy, 0) == ([0, 1, 2], 3)
+    assert detections.total == 0
 
 
 def test_transaction_markers_and_aborted_batches_fill_their_offsets(detections: continuity._Detections) -> None:
