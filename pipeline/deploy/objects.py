@@ -107,12 +107,15 @@ def container_security(*, read_only_root: bool) -> Manifest:
 
 
 def deployment(name: str, labels: dict[str, str], selector: dict[str, str], pod: Manifest,
-               replicas: int | None) -> Manifest:
+               replicas: int | None, *, surge: bool = True) -> Manifest:
     """A Deployment of ``pod``; ``replicas`` None leaves the count to an autoscaler, so a later
-    ``kubectl apply`` does not reset what KEDA chose."""
+    ``kubectl apply`` does not reset what KEDA chose. ``surge=False`` rolls out by replacing a
+    pod before starting its successor: a pod holding a GPU cannot surge on a pool whose GPUs
+    are all taken (the new pod would stay Pending and the rollout stall)."""
+    rolling = {"maxSurge": 1, "maxUnavailable": 0} if surge else {"maxSurge": 0, "maxUnavailable": 1}
     spec: Manifest = {
         "selector": {"matchLabels": selector},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
         "template": {"metadata": {"labels": labels}, "spec": pod},
     }
     if replicas is not None:

@@ -8,6 +8,7 @@ every value can be overridden on the command line or in a kustomize overlay.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
@@ -26,6 +27,12 @@ also needs onnxruntime, which that Dockerfile adds: build it and pass ``--triton
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises."""
 
+_CPU = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)m?")
+_MEMORY = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:[kMGTPE]i?|Ki|[eE]\d+)?")
+"""Kubernetes quantities as a person writes them for CPU (``500m``, ``1.5``) and memory
+(``2Gi``, ``512M``, ``1e9``): the API server refuses anything else, but only at apply time,
+far from the typo; ``pipeline deploy`` refuses it with one line instead."""
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -40,6 +47,16 @@ class Resources:
     memory_limit: str | None = "2Gi"
     cpu_limit: str | None = None
     gpus: int = 0
+
+    def __post_init__(self) -> None:
+        for what, value, pattern, example in (
+            ("CPU request", self.cpu_request, _CPU, "500m or 2"),
+            ("CPU limit", self.cpu_limit, _CPU, "500m or 2"),
+            ("memory request", self.memory_request, _MEMORY, "512Mi or 2Gi"),
+            ("memory limit", self.memory_limit, _MEMORY, "512Mi or 2Gi"),
+        ):
+            if value is not None and not pattern.fullmatch(value):
+                raise ConfigError(f"{what} {value!r} is not a Kubernetes quantity (e.g. {example})")
 
     def manifest(self) -> dict[str, Any]:
         """The container's ``resources`` field."""
@@ -80,6 +97,13 @@ class DeployOptions:
     triton_resources: Resources = field(
         default_factory=lambda: Resources(cpu_request="1", memory_request="2Gi", memory_limit="4Gi")
     )
+    triton_tolerations: tuple[dict[str, str], ...] = (
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+    )
+    """Tolerations of a GPU Triton (with ``gpus`` > 0): by default the taint NVIDIA's GPU
+    operator puts on GPU nodes."""
+    triton_node_selector: tuple[tuple[str, str], ...] = ()
+    """Node labels a GPU Triton must run on (e.g. ``nvidia.com/gpu.present=true``)."""
     stage_resources: Resources = field(default_factory=Resources)
     http_port: int = DEFAULT_PORT
     """Health and metrics port of every worker (``--http-port``): the workers' stable default."""

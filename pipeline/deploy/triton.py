@@ -47,7 +47,10 @@ def triton_objects(ctx: k8s.DeployContext) -> list[k8s.Manifest]:
         {"name": k8s.METRICS_PORT_NAME, "port": METRICS_PORT, "targetPort": k8s.METRICS_PORT_NAME},
     ]
     objects = [
-        k8s.deployment(name, labels, selector, _pod(ctx), ctx.options.triton_replicas),
+        k8s.deployment(
+            name, labels, selector, _pod(ctx), ctx.options.triton_replicas,
+            surge=ctx.options.triton_resources.gpus == 0,
+        ),
         k8s.service(name, labels, selector, ports),
         k8s.network_policy(
             name,
@@ -100,4 +103,11 @@ def _pod(ctx: k8s.DeployContext) -> k8s.Manifest:
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
     }
     volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
-    return k8s.pod_spec(container, uid=TRITON_UID, grace_s=options.prestop_s + EXIT_TIMEOUT_S + 10, volumes=volumes)
+    pod = k8s.pod_spec(container, uid=TRITON_UID, grace_s=options.prestop_s + EXIT_TIMEOUT_S + 10, volumes=volumes)
+    if options.triton_resources.gpus:
+        # GPU nodes are usually tainted (NVIDIA's device plugin documents nvidia.com/gpu:NoSchedule)
+        # and labelled; without these the pod never schedules there.
+        pod["tolerations"] = [dict(t) for t in options.triton_tolerations]
+        if options.triton_node_selector:
+            pod["nodeSelector"] = dict(options.triton_node_selector)
+    return pod

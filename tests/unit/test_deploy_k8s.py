@@ -387,3 +387,29 @@ def test_the_command_writes_a_base_that_renders(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "pipeline", "deploy", "k8s", "nope.yaml", "--out", str(out)],
                              cwd=REPO, capture_output=True, text=True, check=False)
     assert missing.returncode == 1 and "nope.yaml" in missing.stderr
+
+
+def test_quantities_are_checked_when_the_options_are_made() -> None:
+    with pytest.raises(ConfigError, match=r"^CPU request 'lots' is not a Kubernetes quantity \(e\.g\. 500m or 2\)$"):
+        Resources(cpu_request="lots")
+    with pytest.raises(ConfigError, match=r"^memory limit '2GB' is not a Kubernetes quantity"):
+        Resources(memory_limit="2GB")
+    assert Resources("250m", "512Mi", "1.5Gi", cpu_limit="2").manifest()["limits"] == {"cpu": "2", "memory": "1.5Gi"}
+
+
+def test_a_gpu_triton_rolls_out_without_surge_onto_gpu_nodes(tmp_path: Path) -> None:
+    dense = REPO / "topologies" / "dense.yaml"
+    gpu = render(dense, tmp_path / "gpu", DeployOptions(
+        triton_resources=Resources("2", "8Gi", "16Gi", gpus=1),
+        triton_node_selector=(("nvidia.com/gpu.present", "true"),)))
+    (triton,) = gpu.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    # One GPU per pod: a surge pod would wait for a GPU the old pod holds, and the rollout stall.
+    assert triton["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    pod = triton["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert kubernetes_validate.validate(triton, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+    cpu = render(dense, tmp_path / "cpu", DeployOptions())
+    (triton,) = cpu.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    assert triton["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "tolerations" not in triton["spec"]["template"]["spec"]
