@@ -29,7 +29,7 @@ Every detection is logged (once per partition per minute) and reported to the ob
 set with :func:`observing` by whoever is fetching (a stage counts it as
 ``pipeline_offsets_skipped_total``). aiokafka's private internals are touched here and
 only here: the ``PartitionRecords`` constructor and the record batch's ``base_offset`` /
-``next_offset``; ``tests/unit/test_offset_continuity.py`` fails by name when an aiokafka
+``next_offset``; ``tests/unit/test_fetch_continuity.py`` fails by name when an aiokafka
 upgrade changes them.
 """
 
