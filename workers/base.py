@@ -30,7 +30,13 @@ from aiokafka.structs import TopicPartition
 from pipeline.contract.errors import ErrorClass
 from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.deadletter.oversize import OversizeOutputs
-from pipeline.kafka.clients import RecordLimits, failing_in_one_line, make_consumer, make_producer
+from pipeline.kafka.clients import (
+    RecordLimits,
+    detect_idempotence,
+    failing_in_one_line,
+    make_consumer,
+    make_producer,
+)
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
@@ -245,6 +251,7 @@ class StreamStage(abc.ABC):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         await self.setup()
+        await detect_idempotence(self.kafka)  # idempotent producers wherever the broker serves them
         self._producer = make_producer(self.kafka, limits=self.io.limits)
         await self._producer.start()
         extra: dict[str, object] = {}

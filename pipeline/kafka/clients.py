@@ -3,13 +3,15 @@
 Producers use ``acks="all"`` so a result counts as delivered only when the
 broker has it replicated; consumers never auto-commit (offsets are committed
 by :mod:`pipeline.kafka.ordering` after outputs are acknowledged).
-Idempotent production is switchable (``PIPELINE_KAFKA_IDEMPOTENCE``) because
-some Kafka-protocol brokers (Tansu's memory engine) lack ``InitProducerId``.
+Producers are idempotent wherever the broker serves ``InitProducerId``, which a stage
+finds out at start (:func:`detect_idempotence`); Tansu, the embedded broker, does not, and
+the log says so once. ``PIPELINE_KAFKA_IDEMPOTENCE=true|false`` decides instead of asking.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 from collections.abc import Awaitable, Iterable
@@ -25,6 +27,8 @@ from pipeline.contract.errors import one_line
 from pipeline.errors import EndpointUnreachable
 from pipeline.kafka import continuity
 from pipeline.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 #: What a record may carry besides the largest value a stage accepts: key, headers (the
 #: request's, carried to results and dead letters, plus ours) and the batch framing.
@@ -86,8 +90,53 @@ async def failing_in_one_line(work: Awaitable[None], what: str) -> None:
         ) from exc
 
 
-def _idempotence() -> bool:
-    return os.environ.get("PIPELINE_KAFKA_IDEMPOTENCE", "false").lower() in ("1", "true", "yes")
+_IDEMPOTENCE: dict[str | None, bool] = {}
+"""Per bootstrap servers: whether the broker served an idempotent producer's InitProducerId."""
+
+
+def _configured_idempotence() -> bool | None:
+    """``PIPELINE_KAFKA_IDEMPOTENCE``: true, false, or None (``auto``, the default: ask the broker)."""
+    value = os.environ.get("PIPELINE_KAFKA_IDEMPOTENCE", "auto").lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    return None
+
+
+def _idempotence(settings: KafkaSettings) -> bool:
+    configured = _configured_idempotence()
+    if configured is not None:
+        return configured
+    return _IDEMPOTENCE.get(settings.bootstrap_servers, False)
+
+
+async def detect_idempotence(settings: KafkaSettings) -> bool:
+    """Whether producers to this broker are idempotent: the setting when there is one, else
+    one idempotent producer is started (its InitProducerId is the question), once per process
+    and bootstrap list. A broker that refuses it (Tansu answers UnknownError at once) gets
+    plain producers, and one log line says so."""
+    configured = _configured_idempotence()
+    if configured is not None:
+        return configured
+    known = _IDEMPOTENCE.get(settings.bootstrap_servers)
+    if known is not None:
+        return known
+    probe = AIOKafkaProducer(**settings.client_kwargs(), enable_idempotence=True, request_timeout_ms=10_000)
+    try:
+        await asyncio.wait_for(probe.start(), 15)
+        supported = True
+    except (KafkaError, asyncio.TimeoutError) as exc:
+        supported = False
+        log.warning(
+            "Kafka at %s does not serve idempotent producers (InitProducerId: %s): producing without "
+            "idempotence (set PIPELINE_KAFKA_IDEMPOTENCE to decide instead)",
+            settings.bootstrap_servers, type(exc).__name__,
+        )
+    finally:
+        await probe.stop()
+    _IDEMPOTENCE[settings.bootstrap_servers] = supported
+    return supported
 
 
 def _session_timeout_ms() -> int:
@@ -103,7 +152,7 @@ def make_producer(
         "acks": "all",
         "linger_ms": 2,
         "max_batch_size": 1 << 20,
-        "enable_idempotence": _idempotence(),
+        "enable_idempotence": _idempotence(settings),
         # The send timeout: aiokafka 0.14 has no delivery.timeout.ms or max.block.ms; this one
         # setting bounds both send() (blocked on a full buffer or missing metadata) and each
         # delivery future (the batch expires; up to 2x with the produce request in flight).
