@@ -111,6 +111,10 @@ def _idempotence(settings: KafkaSettings) -> bool:
     return _IDEMPOTENCE.get(settings.bootstrap_servers, False)
 
 
+def _quiet_probe(record: logging.LogRecord) -> bool:
+    return "InitProducerId" not in record.getMessage()
+
+
 async def detect_idempotence(settings: KafkaSettings) -> bool:
     """Whether producers to this broker are idempotent: the setting when there is one, else
     one idempotent producer is started (its InitProducerId is the question), once per process
@@ -123,6 +127,8 @@ async def detect_idempotence(settings: KafkaSettings) -> bool:
     if known is not None:
         return known
     probe = AIOKafkaProducer(**settings.client_kwargs(), enable_idempotence=True, request_timeout_ms=10_000)
+    sender = logging.getLogger("aiokafka.producer.sender")
+    sender.addFilter(_quiet_probe)  # aiokafka logs the refusal as an ERROR: the line below says it
     try:
         await asyncio.wait_for(probe.start(), 15)
         supported = True
@@ -134,6 +140,7 @@ async def detect_idempotence(settings: KafkaSettings) -> bool:
             settings.bootstrap_servers, type(exc).__name__,
         )
     finally:
+        sender.removeFilter(_quiet_probe)
         await probe.stop()
     _IDEMPOTENCE[settings.bootstrap_servers] = supported
     return supported
