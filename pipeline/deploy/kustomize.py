@@ -23,6 +23,7 @@ from pipeline.deploy.keda import max_replicas, scaled_object
 from pipeline.deploy.kubernetes import TOPOLOGY_FILE, WORKER_ENV, unit_objects, worker_network_policy
 from pipeline.deploy.objects import DeployContext, Manifest
 from pipeline.deploy.options import DeployOptions
+from pipeline.deploy.strimzi import kafka_topics
 from pipeline.deploy.triton import triton_grpc_url, triton_objects
 from pipeline.deploy.units import run_units
 from pipeline.errors import ConfigError
@@ -40,6 +41,7 @@ FILES_BY_KIND = {
     "NetworkPolicy": "network-policies.yaml",
     "ServiceMonitor": "service-monitors.yaml",  # needs the Prometheus Operator's CRDs
     "ScaledObject": "scaled-objects.yaml",  # needs KEDA
+    "KafkaTopic": "kafka-topics.yaml",  # needs the Strimzi operator (--strimzi)
 }
 KUSTOMIZATION = "kustomization.yaml"
 
@@ -121,6 +123,8 @@ def generate(topology_file: Path, options: DeployOptions) -> Bundle:
     objects.append(worker_network_policy(ctx))
     if external_triton is None:
         objects += triton_objects(ctx)
+    if options.strimzi_cluster:
+        objects += kafka_topics(ctx, options.strimzi_cluster)
     _check_unique(objects)
     return Bundle(
         context=ctx,

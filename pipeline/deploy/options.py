@@ -115,6 +115,9 @@ class DeployOptions:
     keda: bool = True
     keda_auth: str | None = None
     """A KEDA TriggerAuthentication for a Kafka with SASL or TLS (created by the operator)."""
+    strimzi_cluster: str | None = None
+    """A Strimzi-run Kafka cluster's name: every topic of the topology becomes a ``KafkaTopic``
+    of that cluster (``pipeline/deploy/strimzi.py``); None: the workers create the topics."""
     service_monitor: bool = True
     prestop_s: int = 5
     """Pause before SIGTERM, so the pod leaves its Services' endpoints before it stops."""

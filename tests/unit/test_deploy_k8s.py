@@ -37,6 +37,7 @@ from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettin
 from pipeline.topology.loader import parse_topology
 from pipeline.topology.model import Topology
 from tests.helpers.keda_schema import SCALED_OBJECT
+from tests.helpers.strimzi_schema import KAFKA_TOPIC
 from tests.unit.test_no_secret_literals import findings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -413,3 +414,22 @@ def test_a_gpu_triton_rolls_out_without_surge_onto_gpu_nodes(tmp_path: Path) -> 
     (triton,) = cpu.of("Deployment", **{"app.kubernetes.io/name": "triton"})
     assert triton["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert "tolerations" not in triton["spec"]["template"]["spec"]
+
+
+def test_strimzi_topics_for_every_topic_the_topology_owns(tmp_path: Path) -> None:
+    audio = REPO / "topologies" / "audio.yaml"
+    case = render(audio, tmp_path / "strimzi", DeployOptions(strimzi_cluster="prod-kafka"))
+    topics = case.of("KafkaTopic")
+    for topic in topics:
+        jsonschema.validate(topic, KAFKA_TOPIC)
+    by_name = {t["spec"]["topicName"]: t["spec"] for t in topics}
+    owned = [*case.topology.topics(), *case.topology.state_topics()]
+    assert sorted(by_name) == sorted(set(owned))
+    assert {spec["partitions"] for spec in by_name.values()} == {case.topology.kafka.partitions}
+    (state,) = case.topology.state_topics()
+    assert by_name[state]["config"]["cleanup.policy"] == "compact"
+    assert all("cleanup.policy" not in spec["config"] for name, spec in by_name.items() if name != state)
+    assert all(int(spec["config"]["max.message.bytes"]) >= 1 << 20 for spec in by_name.values())
+    assert {t["metadata"]["labels"]["strimzi.io/cluster"] for t in topics} == {"prod-kafka"}
+    assert "kafka-topics.yaml" in case.bundle.kustomization()["resources"]
+    assert not render(audio, tmp_path / "plain", DeployOptions()).of("KafkaTopic")
