@@ -20,12 +20,18 @@ from pathlib import Path
 import pytest
 
 from pipeline.embedded.stack import EmbeddedStack
+from pipeline.kafka import continuity
 from pipeline.modelstore.repository import scan_repository
 from pipeline.modelstore.store import ModelStore
 from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_MODELS = REPO_ROOT / "sample_models"
+
+
+# The tests' own readers (collect, read_to_end) are plain aiokafka consumers: guarded like the
+# product's, they never miss a record the embedded broker answers past (pipeline/kafka/continuity.py).
+continuity.install()
 
 
 def _docker_answers() -> bool:
