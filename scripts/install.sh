@@ -4,7 +4,10 @@
 #
 #   scripts/install.sh          runtime + embedded stack (Kafka broker, S3 store, Triton)
 #                               + DALI (the audio stage of topologies/audio.yaml)
-#   scripts/install.sh --test   the same plus matplotlib (`pipeline bench --plot`) and the test tools
+#   scripts/install.sh --test   the same plus matplotlib (`pipeline bench --plot`) and the test tools,
+#                               plus the Apache Kafka broker jars (as --kafka)
+#   scripts/install.sh --kafka  also Apache Kafka's broker jars from Maven Central (`pipeline up --broker kafka`);
+#                               needs Java 17+ and Maven (`java`, `mvn`) already installed
 #
 # Extras (pyproject.toml): embedded = the local stack, audio = NVIDIA DALI, plot = matplotlib,
 # test = the test tools (faust-streaming included). The core alone is `pip install .`.
@@ -12,9 +15,44 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras="embedded,audio"
-if [[ "${1:-}" == "--test" ]]; then
-    extras="embedded,audio,plot,test"   # the tests exercise the DALI stage and the plot
-fi
+kafka=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) extras="embedded,audio,plot,test"; kafka=1 ;;  # the tests exercise the DALI stage, the plot and Apache Kafka
+        --kafka) kafka=1 ;;
+        *) echo "usage: scripts/install.sh [--test] [--kafka]" >&2; exit 2 ;;
+    esac
+done
+
+# Apache Kafka (KRaft) for `pipeline up --broker kafka` and tests/integration/test_apache_kafka.py: Maven
+# resolves the broker's jars from scripts/kafka/pom.xml into .cache/kafka/VERSION/lib (git-ignored).
+# Skipped when that folder already holds them; no archive is downloaded by hand.
+install_kafka() {
+    local missing_tool
+    for missing_tool in java mvn; do
+        if ! command -v "$missing_tool" >/dev/null; then
+            echo "error: Apache Kafka needs Java 17+ and Maven; '$missing_tool' is not on PATH (apt-get install openjdk-17-jre-headless maven)" >&2
+            exit 1
+        fi
+    done
+    local java_major version lib
+    java_major=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = \([0-9]*\).*/\1/p')
+    if [[ -z "$java_major" || "$java_major" -lt 17 ]]; then
+        echo "error: Apache Kafka needs Java 17+; 'java' is version ${java_major:-unknown}" >&2
+        exit 1
+    fi
+    version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' scripts/kafka/pom.xml)
+    lib=".cache/kafka/${version}/lib"
+    if compgen -G "${lib}/kafka_2.13-${version}.jar" >/dev/null; then
+        echo "Apache Kafka ${version} jars already in ${lib}"
+        return
+    fi
+    echo "resolving Apache Kafka ${version} broker jars with Maven into ${lib}"
+    rm -rf "${lib}.partial"
+    mvn -B -q -Dstyle.color=never -f scripts/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$PWD/${lib}.partial"
+    rm -rf "${lib}"
+    mv "${lib}.partial" "${lib}"
+}
 
 # libpython3.11: embedded by Triton's Python-backend stub.
 # espeak-ng: speech for the VAD tests and the audio demo. kcat: a third-party Kafka client.
@@ -50,3 +88,6 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 echo "installed into .venv (extras: ${extras})"
+if ((kafka)); then
+    install_kafka
+fi

@@ -40,6 +40,13 @@ def up(
     log_dir: Path = typer.Option(
         None, "--log-dir", help="Where service logs go (default: a fresh temporary folder)."
     ),
+    broker: str = typer.Option(
+        "tansu",
+        "--broker",
+        help="Kafka broker: 'tansu' (small, starts at once) or 'kafka' (Apache Kafka, KRaft; "
+        "idempotence, transactions, replication; needs Java 17 and `scripts/install.sh --kafka`).",
+    ),
+    brokers: int = typer.Option(1, "--brokers", min=1, help="Number of Apache Kafka nodes (with --broker kafka)."),
 ) -> None:
     """Start the embedded stack (Kafka broker, S3 model store, Triton) in the foreground.
 
@@ -48,7 +55,13 @@ def up(
     """
     if read_stack_state() is not None:
         raise PipelineError(f"an embedded stack is already running (state in {state_file()})")
-    stack = EmbeddedStack(model_repository=models, log_dir=log_dir)
+    if broker not in ("tansu", "kafka"):
+        raise ConfigError(f"--broker must be 'tansu' or 'kafka', not {broker!r}")
+    if brokers > 1 and broker != "kafka":
+        raise ConfigError("--brokers N needs --broker kafka (Tansu runs one node)")
+    stack = EmbeddedStack(
+        model_repository=models, log_dir=log_dir, broker="kafka" if broker == "kafka" else "tansu", brokers=brokers
+    )
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     try:
@@ -97,13 +110,15 @@ def _print_endpoints(env: dict[str, str], stack: EmbeddedStack, elapsed: float) 
     table = Table(title=f"embedded stack ready in {elapsed:.1f}s", title_justify="left")
     table.add_column("service")
     table.add_column("endpoint")
-    table.add_row("Kafka (bootstrap)", env.get("PIPELINE_KAFKA_BOOTSTRAP_SERVERS", "-"))
+    table.add_row(f"Kafka (bootstrap, {stack.broker})", env.get("PIPELINE_KAFKA_BOOTSTRAP_SERVERS", "-"))
     table.add_row("S3 model store", f"{env.get('PIPELINE_S3_ENDPOINT', '-')}  bucket={env.get('PIPELINE_S3_BUCKET', '-')}")
     table.add_row("Triton gRPC", env.get("PIPELINE_TRITON_GRPC_URL", "-"))
     table.add_row("Triton HTTP", env.get("PIPELINE_TRITON_HTTP_URL", "-"))
     table.add_row("Triton metrics", env.get("PIPELINE_TRITON_METRICS_URL", "-"))
     table.add_row("logs", str(stack.log_dir))
     console.print(table)
+    if stack.kafka is not None:
+        console.print(stack.kafka.summary(), highlight=False)
     console.print("Point other tools at it (other `pipeline` commands find it by themselves):")
     for key, value in env.items():
         if key not in _SECRETS:

@@ -21,6 +21,7 @@ from typing import Literal, cast
 from pydantic import SecretStr
 from typing_extensions import Self
 
+from pipeline.embedded.kafka_broker import KAFKA_VERSION, ApacheKafka
 from pipeline.embedded.process import SupervisedProcess, free_port
 from pipeline.embedded.services import (
     LOCALHOST,
@@ -39,6 +40,7 @@ from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettin
 
 Progress = Callable[[str], None]
 BrokerStorage = Literal["s3", "memory"]
+Broker = Literal["tansu", "kafka"]
 BROKER_STORAGE_ENV = "PIPELINE_EMBEDDED_BROKER_STORAGE"
 
 
@@ -68,6 +70,12 @@ class EmbeddedStack:
     ~1 ms, a raw Kafka echo moved 12,000 records/s instead of 26,000, and at 2,500/s
     offered its latency grew without bound (``benchmarks.stateless``, case a). Unset, it is
     ``$PIPELINE_EMBEDDED_BROKER_STORAGE`` (``memory`` or ``s3``), else ``memory``.
+
+    ``broker``: ``"tansu"`` (the default: one small binary, starts in well under a second) or
+    ``"kafka"``, Apache Kafka in KRaft mode from the jars ``scripts/install.sh --kafka`` fetches:
+    slower to start and heavier, but it has what Tansu lacks (idempotent and transactional
+    producers, replication). ``brokers`` > 1 starts that many Kafka nodes as one cluster.
+    Apache Kafka keeps its log on local disk, so ``broker_storage`` applies to Tansu only.
     """
 
     def __init__(
@@ -81,7 +89,17 @@ class EmbeddedStack:
         triton_args: Sequence[str] = (),
         broker_storage: BrokerStorage | None = None,
         broker_bucket: str | None = None,
+        broker: Broker = "tansu",
+        brokers: int = 1,
     ) -> None:
+        if broker not in ("tansu", "kafka"):
+            raise ValueError(f"unknown broker {broker!r}: 'tansu' or 'kafka'")
+        if brokers < 1 or (brokers > 1 and broker != "kafka"):
+            raise ConfigError("more than one broker needs broker='kafka' (Tansu runs one node)")
+        if broker == "kafka" and broker_storage == "s3":
+            raise ConfigError("Apache Kafka keeps its log on local disk: broker_storage='s3' is for Tansu")
+        self.broker, self.brokers = broker, brokers
+        self.kafka: ApacheKafka | None = None
         unknown = set(services) - {"kafka", "s3", "triton"}
         if unknown:
             raise ValueError(f"unknown services: {sorted(unknown)}")
@@ -97,7 +115,9 @@ class EmbeddedStack:
             triton=TritonSettings(grpc_url=None),
             s3=s3 or S3Settings(endpoint=None),
         )
-        self.broker_storage = _broker_storage(broker_storage, has_s3="s3" in services or s3 is not None)
+        has_s3 = "s3" in services or s3 is not None
+        # Apache Kafka keeps its log in its own log.dirs on disk; "memory" only says S3 is not used.
+        self.broker_storage = _broker_storage(broker_storage, has_s3=has_s3) if broker == "tansu" else "memory"
         # One bucket per broker: brokers sharing a store never read each other's log.
         self.broker_bucket = broker_bucket or f"kafka-log-{secrets.token_hex(4)}"
         self._processes: list[SupervisedProcess] = []
@@ -115,7 +135,12 @@ class EmbeddedStack:
                 self._start_s3()
                 say(f"pushing {self.model_repository} to s3://{self.endpoints.s3.bucket}")
                 self._push_models()
-            if "kafka" in self.services:
+            if "kafka" in self.services and self.broker == "kafka":
+                say(f"starting Apache Kafka {KAFKA_VERSION} (KRaft, {self.brokers} node(s))")
+                self._start_apache_kafka()
+                assert self.kafka is not None
+                say(self.kafka.summary())
+            elif "kafka" in self.services:
                 say(f"starting Kafka-protocol broker (Tansu, log in {self.broker_storage})")
                 self._start_broker()
             if "triton" in self.services:
@@ -147,6 +172,14 @@ class EmbeddedStack:
             ModelStore(log_store).ensure_bucket()
         self._run(broker_process(port, self.log_dir, log_store))
         self.endpoints.kafka.bootstrap_servers = f"{LOCALHOST}:{port}"
+
+    def _start_apache_kafka(self) -> None:
+        self.kafka = ApacheKafka(self.log_dir, self.brokers)
+        self.kafka.prepare()
+        for process in self.kafka.processes():
+            self._run(process)
+        self.kafka.wait_ready()
+        self.endpoints.kafka.bootstrap_servers = self.kafka.bootstrap_servers
 
     def _push_models(self) -> None:
         store = ModelStore(self.endpoints.s3)
@@ -190,8 +223,12 @@ class EmbeddedStack:
 
     def stop(self) -> None:
         """Stop every service, newest first; safe to call twice."""
+        if self.kafka is not None:
+            self.kafka.terminate()
         while self._processes:
             self._processes.pop().stop()
+        if self.kafka is not None:
+            self.kafka.cleanup()
 
     def __enter__(self) -> Self:
         self.start()
