@@ -2,7 +2,9 @@
 
 Order, per service: the environment (``PIPELINE_*``), else a running embedded
 stack started by ``pipeline up`` (found through its state file), else an
-error that says how to fix it.
+error that says how to fix it. With ``PIPELINE_NO_EMBEDDED=1`` (``--no-embedded``)
+the embedded stack is never used: a production shell whose variables are
+missing must fail, not quietly talk to a throwaway broker on localhost.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from pydantic import SecretStr
 from pipeline.errors import ConfigError
 from pipeline.processes import pid_alive
 from pipeline.settings import Endpoints
+
+NO_EMBEDDED_VARIABLE = "PIPELINE_NO_EMBEDDED"
+
+
+def embedded_allowed() -> bool:
+    """False when ``PIPELINE_NO_EMBEDDED`` is set to a true value (``--no-embedded`` sets it)."""
+    return os.environ.get(NO_EMBEDDED_VARIABLE, "").strip().lower() not in ("1", "true", "yes", "on")
 
 
 def state_dir() -> Path:
@@ -64,7 +73,7 @@ def resolve_endpoints(*, need: tuple[str, ...] = ("kafka", "triton", "s3")) -> E
     is a :class:`ConfigError` with a one-line remedy.
     """
     endpoints = Endpoints()
-    state = read_stack_state()
+    state = read_stack_state() if embedded_allowed() else None
     if state is not None:
         embedded = state.get("environment", {})
         assert isinstance(embedded, dict)
@@ -96,6 +105,11 @@ def resolve_endpoints(*, need: tuple[str, ...] = ("kafka", "triton", "s3")) -> E
             "s3": "PIPELINE_S3_ENDPOINT",
         }
         names = ", ".join(variables[m] for m in missing)
+        if not embedded_allowed():
+            raise ConfigError(
+                f"no {'/'.join(missing)} endpoint configured and the embedded stack is refused "
+                f"({NO_EMBEDDED_VARIABLE}/--no-embedded): set {names} or pass the endpoint's flag"
+            )
         raise ConfigError(
             f"no {'/'.join(missing)} endpoint configured: set {names} "
             "or start the embedded stack with `pipeline up`"

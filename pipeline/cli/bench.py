@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipeline.cli.app import app, console, console_err
+from pipeline.cli.connection import announce, connection_options, endpoints_text, load_target
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.extras import MATPLOTLIB, require
 
@@ -31,8 +32,14 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@connection_options(kafka=True, triton=True)
 def bench(
-    topology: Annotated[Path, typer.Argument(help="The topology file of the running topology to measure.")],
+    topology: Annotated[
+        Path,
+        typer.Argument(
+            metavar="TOPOLOGY", help="The topology file of the running topology to measure.", show_default=False
+        ),
+    ],
     concurrency: Annotated[
         str | None,
         typer.Option("--concurrency", help="Closed-loop sweep: requests in flight per step, e.g. 1,4,16 (default)."),
@@ -67,7 +74,6 @@ def bench(
     the steps done so far. Exit status 1 when any request was not verified.
     """
     from pipeline.tools.bench.plan import make_plan
-    from pipeline.tools.target import Target
 
     plan = make_plan(
         concurrency=concurrency, rate=rate, duration_s=duration, warmup_s=warmup, timeout_s=timeout, direct=direct
@@ -79,9 +85,10 @@ def bench(
         require("pipeline bench --plot", MATPLOTLIB)  # before the sweep, not after it
     if not topology.is_file():
         raise ConfigError(f"{topology}: no such file")
-    target = Target.load(topology)
+    target = load_target(topology)
     if target.model is None:
         raise ConfigError(f"{topology}: its first stage has no Triton model to generate requests for")
+    announce(endpoints_text(kafka=target.kafka(), triton=target.triton(), target=target))
     workload = _workload(target, seed, length)
     title = _title(target, workload)
     # aiokafka logs connection failures itself; the one-line error says it once.

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipeline.cli.app import app
+from pipeline.cli.connection import announce, connection_options, endpoints_text, load_target, topology_argument
 from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,9 +34,16 @@ DEFAULT_IDLE_S = 10.0
 
 
 @app.command()
+@connection_options(kafka=True)
 def consume(
-    topology: Annotated[
-        Path | None, typer.Option("--topology", help="Topology file: read its result and dead-letter topics.")
+    topology_file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="TOPOLOGY", help="Topology file: read its result and dead-letter topics.", show_default=False
+        ),
+    ] = None,
+    topology_option: Annotated[
+        Path | None, typer.Option("--topology", hidden=True, help="Deprecated: give TOPOLOGY as the argument.")
     ] = None,
     topics: Annotated[
         list[str] | None, typer.Option("--topic", help="Topic to read (repeatable; overrides the topology's).")
@@ -43,7 +51,21 @@ def consume(
     from_beginning: Annotated[
         bool, typer.Option("--from-beginning", help="Start at the oldest record (default: only new ones).")
     ] = False,
-    count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many records.")] = None,
+    partitions: Annotated[
+        list[int] | None,
+        typer.Option("--partition", min=0, help="Read only this partition of each topic (repeatable)."),
+    ] = None,
+    offset: Annotated[
+        str | None,
+        typer.Option(
+            "--offset",
+            help="Where to start in each partition: beginning, end, an offset (negative: that many before "
+            "the end), or a time (ISO 8601, or relative such as 10m).",
+        ),
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option("--count", "--max-messages", min=1, help="Stop after this many records.")
+    ] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Keep reading until Ctrl-C (no idle timeout).")] = False,
     timeout: Annotated[
         float | None,
@@ -68,23 +90,31 @@ def consume(
     duplicate correlation ids, end-to-end latency percentiles (from the
     sent-at-ms header `pipeline produce` adds) and per-key ordering.
     """
-    from pipeline.tools.consumer import ConsumeOptions
-    from pipeline.tools.target import Target
+    from pipeline.tools.consumer import ConsumeOptions, StartAt
 
     if sum((show, quiet, as_json)) > 1:
         raise ConfigError("choose one of --show, --quiet and --json")
     if follow and timeout is not None:
         raise ConfigError("--follow reads until Ctrl-C; it takes no --timeout")
-    target = Target.load(topology)
+    if (partitions or offset is not None) and group is not None:
+        raise ConfigError("--partition and --offset read without a consumer group: drop --group")
+    if offset is not None and from_beginning:
+        raise ConfigError("--from-beginning is --offset beginning: give one")
+    start = StartAt.parse(offset, now_ms=time.time_ns() // 1_000_000) if offset is not None else None
+    target = load_target(topology_argument(topology_file, topology_option))
     names = target.output_topics(topics)
     options = ConsumeOptions(
         from_beginning=from_beginning,
         count=count,
         idle_timeout_s=None if follow else (DEFAULT_IDLE_S if timeout is None else timeout),
         group=group,
+        partitions=tuple(partitions or ()),
+        start=start,
     )
     mode = "json" if as_json else "quiet" if quiet else "show"
-    asyncio.run(_consume(names, target.kafka(), options, mode, values))
+    kafka = target.kafka()
+    announce(endpoints_text(kafka=kafka, target=target))
+    asyncio.run(_consume(names, kafka, options, mode, values))
 
 
 async def _consume(topics: list[str], kafka: KafkaSettings, options: ConsumeOptions, mode: str, values: int) -> None:
@@ -106,6 +136,9 @@ async def _consume(topics: list[str], kafka: KafkaSettings, options: ConsumeOpti
 
     def on_ready(assigned: list[TopicPartition], missing: list[str]) -> None:
         start = "the beginning" if options.from_beginning else "now on"
+        if options.start is not None:
+            at = options.start
+            start = f"{at.kind} {at.value}" if at.kind in ("offset", "time") else f"the {at.kind}"
         until = []
         if options.count is not None:
             until.append(f"{options.count} records")

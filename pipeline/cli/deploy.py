@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.app import app, console
+from pipeline.cli.help import PipelineGroup
 from pipeline.deploy import DeployOptions, Resources, generate, write_bundle
 from pipeline.deploy.options import DEFAULT_IMAGE, TRITON_IMAGE
 
@@ -21,6 +22,7 @@ deploy_app = typer.Typer(
     name="deploy",
     help="Generate deployment manifests from a topology (the topology stays the single source of truth).",
     no_args_is_help=True,
+    cls=PipelineGroup,
 )
 app.add_typer(deploy_app, name="deploy")
 
@@ -48,7 +50,7 @@ def k8s(
         str, typer.Option(help="Secret holding the workers' credentials (S3 keys, SASL), as env variables.")
     ] = _defaults.secret,
     triton_secret: Annotated[str, typer.Option(help="Secret holding Triton's read-only S3 keys.")] = _defaults.triton_secret,
-    triton_image: Annotated[str, typer.Option(help="Triton image, nvcr.io/nvidia/tritonserver:<tag>-py3.")] = TRITON_IMAGE,
+    triton_image: Annotated[str, typer.Option(help="Triton image: an NGC tritonserver tag.")] = TRITON_IMAGE,
     triton_url: Annotated[str | None, typer.Option(help="Use an existing Triton (host:port) instead of generating one.")] = None,
     triton_gpus: Annotated[int, typer.Option(help="GPUs Triton requests (nvidia.com/gpu); 0 = CPU.")] = 0,
     triton_replicas: Annotated[int, typer.Option(help="Triton pods.")] = _defaults.triton_replicas,

@@ -27,6 +27,8 @@ from rich.progress import (
 from rich.table import Table
 
 from pipeline.cli.app import app, console, console_err
+from pipeline.cli.connection import announce, connection_options, endpoints_text
+from pipeline.cli.help import PipelineGroup
 from pipeline.endpoints import resolve_endpoints
 from pipeline.errors import PipelineError
 
@@ -44,6 +46,7 @@ models_app = typer.Typer(
         "load and unload models on Triton (explicit model-control mode)."
     ),
     no_args_is_help=True,
+    cls=PipelineGroup,
 )
 app.add_typer(models_app, name="models")
 
@@ -104,6 +107,7 @@ def _print_json(data: Any) -> None:
 
 
 @models_app.command("push")
+@connection_options(triton=True, s3=True)
 def push(
     directory: Annotated[
         Path,
@@ -153,6 +157,7 @@ def push(
 
     models = scan_repository(directory, only=model, max_file_bytes=_byte_size(max_file_size))
     endpoints = resolve_endpoints(need=("s3", "triton") if load else ("s3",))
+    announce(endpoints_text(s3=endpoints.s3, triton=endpoints.triton if load else None))
     admin = _admin(endpoints.triton) if load else None
     if admin is not None:
         admin.ping()  # fail before uploading, not after
@@ -216,6 +221,7 @@ def _print_push_summary(
 
 
 @models_app.command("list")
+@connection_options(triton=True, s3=True)
 def list_models(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")
@@ -231,6 +237,9 @@ def list_models(
     store = _store(endpoints.s3)
     stored = store.list_models()
     index, triton_error = _triton_index(endpoints.triton)
+    line = endpoints_text(s3=endpoints.s3, triton=endpoints.triton)
+    # One line on stderr either way: a missing Triton is part of where this command looked.
+    announce(f"{line}; warning: {triton_error}" if triton_error else line)
     rows = _join(stored, index)
     if as_json:
         _print_json(
@@ -242,8 +251,6 @@ def list_models(
         )
         return
     _print_list_table(store, rows)
-    if triton_error:
-        console_err.print(f"[yellow]warning:[/] {triton_error}", highlight=False, soft_wrap=True)
 
 
 def _triton_index(settings: TritonSettings) -> tuple[list[RepositoryEntry] | None, str | None]:
@@ -335,6 +342,7 @@ def _print_list_table(store: ModelStore, rows: list[dict[str, Any]]) -> None:
 
 
 @models_app.command("inspect")
+@connection_options(triton=True)
 def inspect_model(
     name: Annotated[
         str, typer.Argument(help="Model name, as Triton knows it.", show_default=False)
@@ -353,6 +361,7 @@ def inspect_model(
     max_batch_size > 0. Built from Triton's model metadata and model config.
     """
     endpoints = resolve_endpoints(need=("triton",))
+    announce(endpoints_text(triton=endpoints.triton))
     with _admin(endpoints.triton) as admin:
         description = admin.describe(name, version)
     if as_json:
@@ -447,6 +456,7 @@ def _print_batching(d: ModelDescription) -> None:
 
 
 @models_app.command("load")
+@connection_options(triton=True)
 def load(
     name: Annotated[
         str, typer.Argument(help="Model name in Triton's repository.", show_default=False)
@@ -454,6 +464,7 @@ def load(
 ) -> None:
     """Load (or reload) a model on Triton from its repository (explicit model-control mode)."""
     endpoints = resolve_endpoints(need=("triton",))
+    announce(endpoints_text(triton=endpoints.triton))
     with _admin(endpoints.triton) as admin:
         with console_err.status(f"loading {name} on Triton at {admin.url}"):
             admin.load(name)
@@ -462,11 +473,13 @@ def load(
 
 
 @models_app.command("unload")
+@connection_options(triton=True)
 def unload(
     name: Annotated[str, typer.Argument(help="A model Triton has loaded.", show_default=False)],
 ) -> None:
     """Unload a model from Triton; it stays in the model store and can be loaded again."""
     endpoints = resolve_endpoints(need=("triton",))
+    announce(endpoints_text(triton=endpoints.triton))
     with _admin(endpoints.triton) as admin:
         admin.unload(name)
     console.print(f"unloaded {name}", highlight=False)

@@ -21,6 +21,8 @@ import typer
 from typing_extensions import Self
 
 from pipeline.cli.app import app, console_err
+from pipeline.cli.connection import announce as announce_endpoints
+from pipeline.cli.connection import connection_options, endpoints_text, load_target, topology_argument
 from pipeline.errors import ConfigError, PipelineError
 
 if TYPE_CHECKING:
@@ -43,9 +45,16 @@ class WireFormat(str, Enum):
 
 
 @app.command()
+@connection_options(kafka=True, triton=True)
 def produce(
-    topology: Annotated[
-        Path | None, typer.Option("--topology", help="Topology file: its input topic and first stage's model.")
+    topology_file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="TOPOLOGY", help="Topology file: its input topic and first stage's model.", show_default=False
+        ),
+    ] = None,
+    topology_option: Annotated[
+        Path | None, typer.Option("--topology", hidden=True, help="Deprecated: give TOPOLOGY as the argument.")
     ] = None,
     topic: Annotated[str | None, typer.Option("--topic", help="Topic to write to (overrides the topology's).")] = None,
     lane: Annotated[
@@ -57,7 +66,8 @@ def produce(
         typer.Option("--model", help="Model whose Triton metadata shapes --random/--npy (overrides the topology's)."),
     ] = None,
     json_file: Annotated[
-        Path | None, typer.Option("--json", help="OIP JSON request file: one request, or JSON Lines.")
+        Path | None,
+        typer.Option("--json", help="OIP JSON request file: one request, or JSON Lines; - reads standard input."),
     ] = None,
     npy_file: Annotated[Path | None, typer.Option("--npy", help="A .npy array, sent as input --input.")] = None,
     wav_file: Annotated[
@@ -115,10 +125,10 @@ def produce(
     Each record gets a fresh correlation id (also its key, unless --key) and a
     sent-at-ms header, so `pipeline consume` can report end-to-end latency.
     Prints sent / acknowledged / failed counts; exit status 1 if any failed.
+    `--json -` reads the requests from standard input.
     """
     from pipeline.contract.request import WireForm
     from pipeline.tools.sources import RecordBuilder, RecordOptions, describe_inputs, repeat
-    from pipeline.tools.target import Target
 
     sources = {
         "--json": json_file,
@@ -133,14 +143,16 @@ def produce(
             "choose exactly one source: --json FILE, --npy FILE, --wav FILE, --audio FILE or --random"
             + (f" (got {', '.join(chosen)})" if chosen else "")
         )
+    topology = topology_argument(topology_file, topology_option)
     if audio_file is not None:
         _produce_audio(topology, topic, lane, audio_file, chunk_ms, speed, chunk_wav, key, wire_format)
         return
     if keep_ids and json_file is None:
         raise ConfigError("--keep-ids applies to --json files only")
-    target = Target.load(topology, model=model)
+    target = load_target(topology, model=model)
     destination = target.input_topic(topic, lane)
     kafka = target.kafka()
+    announce_endpoints(endpoints_text(kafka=kafka, target=target))
     templates, default_count = _templates(
         chosen[0], target, json_file or npy_file or wav_file, input_name, length, seed
     )
@@ -178,14 +190,14 @@ def _produce_audio(
 
     from pipeline.contract.request import WireForm
     from pipeline.tools.sources import RecordBuilder, RecordOptions, audio_stream_requests
-    from pipeline.tools.target import Target
 
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     stream = key or f"{path.stem}-{secrets.token_hex(3)}"
     templates, plan = audio_stream_requests(path, chunk_ms=chunk_ms, stream=stream, as_wav=as_wav)
-    target = Target.load(topology, model=None)
+    target = load_target(topology, model=None)
     destination = target.input_topic(topic, lane)
+    announce_endpoints(endpoints_text(kafka=target.kafka(), target=target))
     form = WireForm(wire_format.value) if wire_format is not None else WireForm.PROTOBUF
     builder = RecordBuilder(RecordOptions(form=form, id_prefix=f"{stream}/", key=stream))
     rate = speed * 1000 / plan.chunk_ms if speed > 0 else 0.0
@@ -211,7 +223,7 @@ def _templates(
 
     if source == "--json":
         assert path is not None
-        loaded = sources.json_requests(path)
+        loaded = json_requests(path)
         return loaded, len(loaded)
     if source == "--random":
         if target.model is None:
@@ -222,6 +234,26 @@ def _templates(
     if source == "--npy":
         return [sources.npy_request(path, input_name, described)], 1
     return [sources.wav_request(path, input_name, described)], 1
+
+
+def json_requests(path: Path) -> list[RequestTemplate]:
+    """:func:`pipeline.tools.sources.json_requests`, with ``-`` meaning standard input (as in
+    kcat and most Unix tools). Standard input is read whole into a private temporary file,
+    so the file reader's checks and line numbers apply; errors name ``<stdin>``."""
+    import tempfile
+
+    from pipeline.tools import sources
+
+    if str(path) != "-":
+        return sources.json_requests(path)
+    text = sys.stdin.read()
+    with tempfile.TemporaryDirectory(prefix="pipeline-stdin-") as folder:
+        spooled = Path(folder) / "stdin.json"
+        spooled.write_text(text, encoding="utf-8")
+        try:
+            return sources.json_requests(spooled)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(str(spooled), "<stdin>")) from None
 
 
 def _describe(target: Target) -> ModelDescription:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipeline.cli.app import app, console, console_err
+from pipeline.cli.connection import announce, connection_options, endpoints_text, load_target, required_topology
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -32,8 +33,14 @@ REASON_WIDTH = 80
 
 
 @app.command()
+@connection_options(kafka=True, s3=True)
 def replay(
-    topology: Annotated[Path, typer.Option("--topology", help="Topology file: replay its dead-letter topic.")],
+    topology_file: Annotated[
+        Path | None, typer.Argument(metavar="TOPOLOGY", help="Topology file: replay its dead-letter topic.", show_default=False)
+    ] = None,
+    topology_option: Annotated[
+        Path | None, typer.Option("--topology", hidden=True, help="Deprecated: give TOPOLOGY as the argument.")
+    ] = None,
     to: Annotated[
         str | None,
         typer.Option("--to", help="Send every selected record to this topic (default: the topic it failed on)."),
@@ -77,9 +84,8 @@ def replay(
     """
     from pipeline.tools.replay import ReplayOptions
     from pipeline.tools.replay_rules import ReplayFilter, ReplayRules
-    from pipeline.tools.target import Target
 
-    target = Target.load(topology)
+    target = load_target(required_topology(topology_file, topology_option))
     assert target.topology is not None
     rules = ReplayRules(
         filter=ReplayFilter.build(
@@ -112,6 +118,7 @@ async def _run(target: Target, options: ReplayOptions) -> ReplayReport:
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     kafka = target.kafka()
     s3 = resolve_endpoints(need=()).s3
+    announce(endpoints_text(kafka=kafka, s3=s3, target=target))
     topic = target.topology.dead_letter_topic
     action = "listing" if options.dry_run else "replaying"
     where = f" to {options.rules.to_topic}" if options.rules.to_topic else ""

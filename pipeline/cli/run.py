@@ -10,8 +10,15 @@ import typer
 
 from pipeline.cli.announce import Announcer
 from pipeline.cli.app import app
+from pipeline.cli.connection import announce, connection_options, endpoints_text, flush_endpoints_line, given
 from pipeline.embedded.stack import EmbeddedStack
-from pipeline.endpoints import clear_stack_state, read_stack_state, resolve_endpoints, write_stack_state
+from pipeline.endpoints import (
+    clear_stack_state,
+    embedded_allowed,
+    read_stack_state,
+    resolve_endpoints,
+    write_stack_state,
+)
 from pipeline.extras import require_for_topology
 from pipeline.observability.logging import LogSettings, configure_logging
 from pipeline.runtime.event_loop import EventLoopName, chosen_event_loop, run_on_event_loop
@@ -31,16 +38,20 @@ def endpoints_for(topology: Topology, say: Announcer) -> tuple[Endpoints, Embedd
     """The topology's own endpoints, else the environment, else a running `pipeline up`.
 
     With nothing configured anywhere, an embedded stack is started for this
-    run (and stopped with it): the zero-configuration default.
+    run (and stopped with it): the zero-configuration default, refused with
+    ``--no-embedded``/``PIPELINE_NO_EMBEDDED=1``. A ``-b``/``--triton`` flag wins
+    over the topology's endpoint.
     """
     endpoints = Endpoints()
-    if topology.kafka.bootstrap_servers:
+    flags = given()
+    if topology.kafka.bootstrap_servers and not flags.bootstrap_server:
         endpoints.kafka.bootstrap_servers = topology.kafka.bootstrap_servers
-    if topology.triton.grpc_url:
+    if topology.triton.grpc_url and not flags.triton:
         endpoints.triton.grpc_url = topology.triton.grpc_url
     if endpoints.kafka.configured and endpoints.triton.configured:
         return endpoints, None
-    if read_stack_state() is not None or endpoints.kafka.configured or endpoints.triton.configured:
+    stack_running = embedded_allowed() and read_stack_state() is not None
+    if stack_running or endpoints.kafka.configured or endpoints.triton.configured or not embedded_allowed():
         resolved = resolve_endpoints(need=("kafka", "triton"))
         if endpoints.kafka.configured:
             resolved.kafka = endpoints.kafka
@@ -55,6 +66,16 @@ def endpoints_for(topology: Topology, say: Announcer) -> tuple[Endpoints, Embedd
     return stack.endpoints, stack
 
 
+def _say_endpoints(endpoints: Endpoints, say: Announcer) -> None:
+    """The endpoints line: first on stderr in text mode, a log record in JSON mode."""
+    text = endpoints_text(kafka=endpoints.kafka, triton=endpoints.triton, s3=endpoints.s3)
+    if say.json:
+        say.say(text)
+    else:
+        announce(text)
+        flush_endpoints_line()
+
+
 def _url_host(host: str) -> str:
     """Where a person on this machine reaches a server bound to ``host``."""
     if host in ("", "0.0.0.0", "::"):
@@ -63,6 +84,7 @@ def _url_host(host: str) -> str:
 
 
 @app.command()
+@connection_options(kafka=True, triton=True, s3=True)
 def run(
     topology_file: Path = typer.Argument(..., metavar="TOPOLOGY", help="Topology YAML file."),
     stage: list[str] = typer.Option(
@@ -111,6 +133,7 @@ def run(
     topology = load_topology(topology_file)
     require_for_topology(topology, stage)  # a missing extra (DALI) fails before the stack starts
     endpoints, stack = endpoints_for(topology, say)
+    _say_endpoints(endpoints, say)
     port = health_port(topology, http_port)  # --http-port, else the topology's, else DEFAULT_PORT
     code = 0
     try:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipeline.cli.app import app, console
+from pipeline.cli.connection import announce, connection_options, endpoints_text, load_target, required_topology
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,8 +31,14 @@ _QUIT = "Ctrl-C to quit"
 
 
 @app.command()
+@connection_options(kafka=True)
 def top(
-    topology: Annotated[Path, typer.Option("--topology", help="Topology file: read its metrics topic.")],
+    topology_file: Annotated[
+        Path | None, typer.Argument(metavar="TOPOLOGY", help="Topology file: read its metrics topic.", show_default=False)
+    ] = None,
+    topology_option: Annotated[
+        Path | None, typer.Option("--topology", hidden=True, help="Deprecated: give TOPOLOGY as the argument.")
+    ] = None,
     interval: Annotated[
         float | None,
         typer.Option(
@@ -42,15 +49,16 @@ def top(
     ] = None,
     once: Annotated[bool, typer.Option("--once", help="Print one frame as plain text and exit.")] = False,
 ) -> None:
-    """Per stage: request rate, totals, consumer lag, pending records, p50/p99 end-to-end
+    """Watch a running topology's stages, live, from its metrics topic.
+
+    Per stage: request rate, totals, consumer lag, pending records, p50/p99 end-to-end
     latency, mean batch size, Triton time and dead letters by class, summed over the
     stage's processes. Rates and latencies cover the last metrics interval; processes
     silent for 3 intervals are marked stale and left out.
     """
-    from pipeline.tools.target import Target
-
-    target = Target.load(topology)
+    target = load_target(required_topology(topology_file, topology_option))
     assert target.topology is not None
+    announce(endpoints_text(kafka=target.kafka(), target=target))
     refresh = interval if interval is not None else min(target.topology.metrics_interval_s, 5.0)
     live = not once and console.is_terminal and not console.is_dumb_terminal
     asyncio.run(_top(target, refresh, once, live))

@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from pipeline.cli.app import app, console, console_err
+from pipeline.cli.connection import announce, connection_options, endpoints_text, given
 from pipeline.errors import ConfigError
 from pipeline.settings import TritonSettings
 from pipeline.topology.compat import check_compatibility
@@ -26,6 +27,7 @@ from pipeline.topology.schema import render_schema
 
 
 @app.command()
+@connection_options(triton=True)
 def validate(
     file: Annotated[
         Path | None,
@@ -69,7 +71,7 @@ def validate(
 
 def _triton_settings(topology: Topology) -> TritonSettings:
     """The topology's Triton endpoint, else the environment's, else the embedded stack's."""
-    if topology.triton.grpc_url:
+    if topology.triton.grpc_url and not given().triton:
         # TLS and the other options still come from PIPELINE_TRITON_*.
         return TritonSettings().model_copy(update={"grpc_url": topology.triton.grpc_url})
     from pipeline.endpoints import resolve_endpoints
@@ -81,7 +83,9 @@ def _check_models(topology: Topology) -> list[str]:
     # Imported here: tritonclient and grpc are slow to import and not needed --offline.
     from pipeline.triton.admin import TritonAdmin
 
-    with TritonAdmin(_triton_settings(topology)) as admin:
+    settings = _triton_settings(topology)
+    announce(endpoints_text(triton=settings))
+    with TritonAdmin(settings) as admin:
         return check_compatibility(topology, admin.describe)
 
 

@@ -11,7 +11,9 @@ chasing a problem.
 ``--log-format json`` writes one JSON object per line (``timestamp``, ``level``,
 ``logger``, ``message``, ``exception`` when there is one, and any ``extra`` fields),
 for log shippers. The formatter is python-json-logger's: it already handles
-``extra`` fields, exceptions and stack traces, and non-serialisable values.
+``extra`` fields, exceptions and stack traces, and non-serialisable values. A
+line logged while a span is current also carries ``trace_id`` and ``span_id``
+(hex, as trace backends show them), so a log search and a trace meet.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
+from opentelemetry import trace
 from pythonjsonlogger.json import JsonFormatter
 
 from pipeline.errors import ConfigError
@@ -58,9 +61,20 @@ class LogSettings:
         return self.format == "json"
 
 
+class TraceJsonFormatter(JsonFormatter):
+    """python-json-logger's formatter plus the current span's ids, when there is one."""
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        super().add_fields(log_data, record, message_dict)
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            log_data["trace_id"] = trace.format_trace_id(context.trace_id)
+            log_data["span_id"] = trace.format_span_id(context.span_id)
+
+
 def formatter(settings: LogSettings) -> logging.Formatter:
     if settings.json:
-        return JsonFormatter(
+        return TraceJsonFormatter(
             "{levelname}{name}{message}",
             style="{",
             rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"},

@@ -1,8 +1,9 @@
 """One consumed record's spans: process (CONSUMER, with its wait in a batch as an event), its produce.
 
 A :class:`RecordTrace` is made when a stage takes a record (its outbox slot
-carries it) and continues the W3C ``traceparent`` of the record's headers, read
-with OpenTelemetry's own propagator over the Kafka header list. When the stage
+carries it) and continues the trace context of the record's headers (``traceparent``, or the
+formats ``OTEL_PROPAGATORS`` names), read with OpenTelemetry's own propagators
+over the Kafka header list. When the stage
 completes the slot, every result (not dead letters, which keep the original
 bytes, nor state checkpoints) gets this span's context as its ``traceparent``, so
 the next stage's span is this one's child and one trace runs through every stage
@@ -18,7 +19,6 @@ from collections.abc import Iterable, Sequence
 
 from opentelemetry import trace
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.semconv._incubating.attributes import messaging_attributes as msg
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
@@ -27,6 +27,7 @@ from pipeline.contract import headers as h
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs
 from pipeline.kafka.records import ConsumedRecord
+from pipeline.observability import messaging_names as msg
 from pipeline.observability.tracing import PROPAGATOR, active_tracer
 
 HeaderList = Sequence[tuple[str, bytes | None]]

@@ -17,6 +17,11 @@ their incoming ``traceparent`` untouched and nothing is allocated per record.
 The provider is this process's own (not OpenTelemetry's global one, which can be
 set only once per process), started by :func:`start_tracing` and flushed by
 :meth:`Tracing.shutdown` on a graceful stop.
+
+Context travels in the formats ``OTEL_PROPAGATORS`` names (default
+``tracecontext,baggage``; ``b3``, ``jaeger``... when their packages are
+installed), loaded by OpenTelemetry's own :mod:`opentelemetry.propagate`, so a
+mesh that speaks B3 keeps one trace through the pipeline.
 """
 
 from __future__ import annotations
@@ -29,11 +34,19 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
 from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import (
+    CarrierT,
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, SpanKind, Tracer
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 from pipeline.errors import ConfigError
@@ -41,8 +54,41 @@ from pipeline.errors import ConfigError
 log = logging.getLogger(__name__)
 
 TRACER_NAME = "pipeline"
-#: W3C trace context: what Triton continues when its own tracing is on.
-PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def configured_propagator() -> TextMapPropagator:
+    """The propagators ``OTEL_PROPAGATORS`` names, as :mod:`opentelemetry.propagate` loaded them.
+
+    Imported on first use: that module reads the variable when imported and raises on a
+    name no installed package provides, which becomes a one-line error here."""
+    try:
+        from opentelemetry import propagate
+    except ValueError as exc:
+        raise ConfigError(f"OTEL_PROPAGATORS: {exc}") from None
+    return propagate.get_global_textmap()
+
+
+class _ConfiguredPropagator(TextMapPropagator):
+    """:func:`configured_propagator`, looked up per call (it may be replaced with
+    ``opentelemetry.propagate.set_global_textmap``, as OpenTelemetry allows)."""
+
+    def extract(
+        self, carrier: CarrierT, context: Context | None = None, getter: Getter[CarrierT] = default_getter
+    ) -> Context:
+        return configured_propagator().extract(carrier, context, getter=getter)
+
+    def inject(
+        self, carrier: CarrierT, context: Context | None = None, setter: Setter[CarrierT] = default_setter
+    ) -> None:
+        configured_propagator().inject(carrier, context, setter=setter)
+
+    @property
+    def fields(self) -> set[str]:
+        return configured_propagator().fields
+
+
+#: The propagator of every record header and gRPC call (Triton continues W3C trace context).
+PROPAGATOR: TextMapPropagator = _ConfiguredPropagator()
 _EXPORTER_GROUP = "opentelemetry_traces_exporter"
 _OTLP_TRANSPORTS = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
 
@@ -125,6 +171,7 @@ def start_tracing(default_service: str, environ: Mapping[str, str] | None = None
     names = exporter_names(os.environ if environ is None else environ)
     if not names:
         return Tracing()
+    configured_propagator()  # a misspelt OTEL_PROPAGATORS fails at start, not on the first record
     # Sampler, span limits and the batch processor's queue read their OTEL_* variables themselves.
     # shutdown_on_exit=False: Tracing.shutdown flushes, within a bound; the SDK's atexit hook
     # would wait up to 30 s for an unreachable collector.
@@ -194,7 +241,7 @@ def _call_span(
 
 
 def grpc_metadata() -> dict[str, str] | None:
-    """The current span's W3C context as gRPC metadata (``traceparent``), or None when off."""
+    """The current span's context as gRPC metadata (``traceparent``...), or None when off."""
     if _active is None:
         return None
     carrier: dict[str, str] = {}

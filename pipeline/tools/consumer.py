@@ -57,6 +57,34 @@ class ConsumeOptions:
     """Stop after this long without a record (None: follow until stopped)."""
     group: str | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    partitions: tuple[int, ...] = ()
+    """Read only these partitions of each topic (empty: all). With ``start``, the partitions
+    are assigned, not subscribed: no group, as ``kafka-console-consumer --partition``."""
+    start: StartAt | None = None
+    """Where to start in each partition read (None: ``from_beginning`` decides)."""
+
+
+@dataclass(frozen=True)
+class StartAt:
+    """``--offset``: ``beginning``, ``end``, an offset (negative: that many before the end),
+    or the first record at or after a time (ms since the epoch)."""
+
+    kind: str
+    value: int = 0
+
+    @classmethod
+    def parse(cls, text: str, *, now_ms: int) -> StartAt:
+        from pipeline.tools.replay_rules import parse_time
+
+        word = text.strip().lower()
+        if word in ("beginning", "earliest", "start"):
+            return cls("beginning")
+        if word in ("end", "latest"):
+            return cls("end")
+        try:
+            return cls("offset", int(word))
+        except ValueError:
+            return cls("time", parse_time(text, now_ms=now_ms))
 
 
 @dataclass(frozen=True)
@@ -87,6 +115,8 @@ async def consume(
         **overrides,
     )
     await start_client(consumer, settings, options.connect_timeout_s)
+    if options.partitions or options.start is not None:
+        return await _consume_assigned(consumer, topics, options, on_record, on_ready, stop)
     try:
         consumer.subscribe(topics)
         # A group join waits for the members of the previous generation, up to a session timeout.
@@ -105,6 +135,56 @@ async def consume(
         return ConsumeResult(records=records, stopped_by=reason, missing_topics=missing)
     finally:
         await consumer.stop()
+
+
+async def _consume_assigned(
+    consumer: AIOKafkaConsumer,
+    topics: list[str],
+    options: ConsumeOptions,
+    on_record: Callable[[Consumed], None],
+    on_ready: Callable[[list[TopicPartition], list[str]], None] | None,
+    stop: asyncio.Event | None,
+) -> ConsumeResult:
+    """Read chosen partitions from chosen positions (``--partition``/``--offset``), no group."""
+    try:
+        await asyncio.wait_for(consumer.topics(), options.connect_timeout_s)  # fetches the metadata
+        assigned: list[TopicPartition] = []
+        for topic in topics:
+            known = consumer.partitions_for_topic(topic) or set()
+            wanted = set(options.partitions) if options.partitions else known
+            assigned += [TopicPartition(topic, p) for p in sorted(wanted & known)]
+        missing = sorted(set(topics) - {tp.topic for tp in assigned})
+        consumer.assign(assigned)
+        if assigned:
+            await _seek(consumer, assigned, options)
+            for partition in assigned:
+                await consumer.position(partition)
+        if on_ready is not None:
+            on_ready(sorted(assigned), missing)
+        records, reason = await _loop(consumer, options, on_record, stop)
+        return ConsumeResult(records=records, stopped_by=reason, missing_topics=missing)
+    finally:
+        await consumer.stop()
+
+
+async def _seek(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], options: ConsumeOptions) -> None:
+    start = options.start or StartAt("beginning" if options.from_beginning else "end")
+    if start.kind == "beginning":
+        await consumer.seek_to_beginning(*partitions)
+    elif start.kind == "end":
+        await consumer.seek_to_end(*partitions)
+    elif start.kind == "offset":
+        first = await consumer.beginning_offsets(partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            wanted = start.value if start.value >= 0 else ends[tp] + start.value
+            consumer.seek(tp, min(max(wanted, first[tp]), ends[tp]))
+    else:
+        found = await consumer.offsets_for_times({tp: start.value for tp in partitions})
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            at = found.get(tp)
+            consumer.seek(tp, at.offset if at is not None else ends[tp])
 
 
 async def _wait_assigned(
