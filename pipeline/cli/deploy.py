@@ -17,6 +17,7 @@ from pipeline.cli.app import app, console
 from pipeline.cli.help import PipelineGroup
 from pipeline.deploy import DeployOptions, Resources, generate, write_bundle
 from pipeline.deploy.options import DEFAULT_IMAGE, TRITON_IMAGE
+from pipeline.errors import ConfigError
 
 deploy_app = typer.Typer(
     name="deploy",
@@ -54,6 +55,14 @@ def k8s(
     triton_url: Annotated[str | None, typer.Option(help="Use an existing Triton (host:port) instead of generating one.")] = None,
     triton_gpus: Annotated[int, typer.Option(help="GPUs Triton requests (nvidia.com/gpu); 0 = CPU.")] = 0,
     triton_replicas: Annotated[int, typer.Option(help="Triton pods.")] = _defaults.triton_replicas,
+    triton_node_selector: Annotated[
+        list[str] | None,
+        typer.Option(help="Node label KEY=VALUE a GPU Triton must run on; repeatable."),
+    ] = None,
+    strimzi_cluster: Annotated[
+        str | None,
+        typer.Option("--strimzi", help="Strimzi Kafka cluster name: also write a KafkaTopic per topic of the topology."),
+    ] = None,
     http_port: Annotated[int, typer.Option(help="Health and metrics port of every worker.")] = _defaults.http_port,
     cpu: Annotated[str, typer.Option(help="CPU request of a worker.")] = _stage.cpu_request,
     memory: Annotated[str, typer.Option(help="Memory request of a worker.")] = _stage.memory_request,
@@ -83,6 +92,7 @@ def k8s(
     """
     # Every option named like a DeployOptions field is that field; the rest are assembled here.
     given = {k: v for k, v in locals().items() if k in {f.name for f in fields(DeployOptions)}}
+    given["triton_node_selector"] = tuple(_label(text) for text in triton_node_selector or ())
     options = DeployOptions(
         **given,
         triton_resources=Resources(triton_cpu, triton_memory, triton_memory_limit or None, gpus=triton_gpus),
@@ -97,3 +107,10 @@ def k8s(
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     console.print(f"render: kubectl kustomize {folder}    apply: kubectl apply -k {folder}", highlight=False,
                   soft_wrap=True)
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--triton-node-selector {text!r}: expected KEY=VALUE")
+    return key, value

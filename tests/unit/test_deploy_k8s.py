@@ -433,3 +433,25 @@ def test_strimzi_topics_for_every_topic_the_topology_owns(tmp_path: Path) -> Non
     assert {t["metadata"]["labels"]["strimzi.io/cluster"] for t in topics} == {"prod-kafka"}
     assert "kafka-topics.yaml" in case.bundle.kustomization()["resources"]
     assert not render(audio, tmp_path / "plain", DeployOptions()).of("KafkaTopic")
+
+
+def test_the_command_line_checks_quantities_and_writes_strimzi_topics(tmp_path: Path) -> None:
+    def deploy(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline", "deploy", "k8s", str(REPO / "topologies" / "audio.yaml"),
+             "--out", str(tmp_path / "k8s"), *args],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )
+
+    bad = deploy("--cpu", "lots")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "error: CPU request 'lots' is not a Kubernetes quantity (e.g. 500m or 2)"
+    )
+    good = deploy("--strimzi", "prod-kafka", "--triton-gpus", "1", "--triton-node-selector", "gpu=yes")
+    assert good.returncode == 0, good.stderr
+    topics = list(yaml.safe_load_all((tmp_path / "k8s" / "kafka-topics.yaml").read_text()))
+    assert topics and all(t["metadata"]["labels"]["strimzi.io/cluster"] == "prod-kafka" for t in topics)
+    (triton,) = [d for d in yaml.safe_load_all((tmp_path / "k8s" / "deployments.yaml").read_text())
+                 if d["metadata"]["labels"]["app.kubernetes.io/name"] == "triton"]
+    assert triton["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "yes"}
