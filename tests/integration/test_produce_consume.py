@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from pipeline.contract.errors import ErrorClass
 from pipeline.contract.records import dead_letter_headers, result_headers
@@ -609,3 +610,34 @@ def test_pacer_keeps_the_average_rate_despite_sleep_overshoot() -> None:
     asyncio.run(run())
     # 2000 intervals of 0.5 ms: 1 s. Naive sleeping would take 2000 * 1.5 ms = 3 s.
     assert 1.0 <= clock[0] < 1.01
+
+
+def test_consume_reads_one_partition_from_an_offset_like_the_console_consumer(
+    kafka_bootstrap: str, cli_env: dict[str, str]
+) -> None:
+    """``--partition`` and ``--offset`` (kafka-console-consumer's) assign, seek and read, no group."""
+    topic = f"assigned-{uuid.uuid4().hex[:8]}"
+
+    async def fill() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 2, 1)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            for partition in (0, 1):
+                for i in range(6):
+                    await producer.send_and_wait(topic, f"p{partition}-{i}".encode(), key=b"k", partition=partition)
+        finally:
+            await producer.stop()
+
+    asyncio.run(fill())
+    args = ["--topic", topic, "--partition", "1", "--offset", "3", "--max-messages", "2", "--json", "--timeout", "10"]
+    out = run_cli(cli_env, "consume", "-b", kafka_bootstrap, *args)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(text) for text in out.stdout.splitlines()]
+    records = [line for line in lines if "offset" in line]
+    assert [(r["partition"], r["offset"]) for r in records] == [(1, 3), (1, 4)], lines
