@@ -68,6 +68,22 @@ class _Open:
     riders: list[Slot[Any]] = field(default_factory=list)
 
 
+def _not_taken(builder: BatchBuilder) -> bool:
+    """Whether aiokafka's sender has not yet taken ``builder`` out of its queue.
+
+    An idempotent producer numbers a batch's records (base sequence, count) when the sender
+    takes the batch, before it builds it; a record appended after that lies outside the
+    numbered range, and the broker refuses the partition's next batch with
+    OutOfOrderSequenceNumber (seen on Apache Kafka 4.4 as soon as idempotence was on). The
+    numbering shows on the inner builder as a producer id (-1 until then; always -1 without
+    idempotence, where an append until the build is safe). A built batch has no inner builder.
+    aiokafka 0.14 internals (``BatchBuilder._builder.producer_id``), pinned by name in
+    tests/unit/test_record_batch_numbering.py.
+    """
+    inner = getattr(builder, "_builder", None)
+    return inner is not None and inner.producer_id < 0
+
+
 class RecordBatches:
     """The open batch of each destination partition, kept across the outbox's passes."""
 
@@ -93,7 +109,7 @@ class RecordBatches:
         tp = TopicPartition(out.topic, partition)
         stamp = out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None
         current = self._open.get(tp)
-        if current is not None and current.builder.append(
+        if current is not None and _not_taken(current.builder) and current.builder.append(
             timestamp=stamp, key=out.key, value=out.value, headers=out.headers
         ) is not None:
             current.riders.append(slot)
