@@ -146,14 +146,17 @@ class StreamStage(abc.ABC):
         # arriving before restore finishes or after a revocation wait, or are left to the next owner.
         self._owned: set[TopicPartition] = set()
         self.fence = StageFence()
-        skipped = metrics.offsets_skipped
         self._fetch = UnreadableRecords(  # no crash loop on undecodable records, no move past a skipped offset
-            kafka,
-            max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"],
-            on_gap=lambda tp, _expected, _answered: skipped.labels(io.stage, tp.topic, str(tp.partition)).inc(),
+            kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"], on_gap=self._count_gap
         )
         self._traces = stage_tracer(io.stage, io.group_id)  # None: tracing off
         self._lanes = LaneScheduler(io.stage, io.lanes, metrics) if io.lanes else None
+
+    def _count_gap(self, tp: TopicPartition, _expected: int, _answered: int, absent: bool) -> None:
+        labels = (self.io.stage, tp.topic, str(tp.partition))
+        self.metrics.offsets_skipped.labels(*labels).inc()
+        if absent:
+            self.metrics.offsets_absent.labels(*labels).inc()
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""

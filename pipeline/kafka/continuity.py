@@ -17,10 +17,15 @@ partition's fetched bytes (:class:`GuardedPartitionRecords`, in the caller's ``g
 on such a gap it hands out the records before it and stops, so the consumer's position
 stays at the first missing offset and its next fetch asks for it again. The broker's
 fault is transient; a refetch answers with the record (``tests/integration/
-test_offset_continuity.py`` counts how often). A gap that persists for
-:data:`GIVE_UP_AFTER_S` over at least :data:`GIVE_UP_AFTER_TRIES` refetches raises
-:class:`OffsetGapError`, a :class:`~aiokafka.errors.KafkaError`: the stage stops loudly,
-having committed nothing past the missing record.
+test_offset_continuity.py`` counts how often: every one of 24 was delivered by the next fetch).
+
+A gap that every re-read shows again, for :data:`TRUST_AFTER_S` and at least
+:data:`TRUST_AFTER_TRIES` fetches, is a hole in the broker's log, not a skipped record: the
+offsets hold nothing to deliver. The embedded broker leaves such holes when it is killed
+with records it had not acknowledged (their producers send them again, at later offsets;
+``test_broker_kill_9_and_restart_mid_stream`` shows one). Stopping there would wedge the
+partition for good, so the consumer moves past it, counted apart
+(``pipeline_offsets_absent_total``) and logged as an error.
 
 Compacted topics (the state changelogs) have legitimate gaps: compaction drops whole
 batches. Their readers declare them with :func:`expect_gaps`.
@@ -44,40 +49,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiokafka.consumer.fetcher as _fetcher
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "GIVE_UP_AFTER_S",
-    "GIVE_UP_AFTER_TRIES",
+    "TRUST_AFTER_S",
+    "TRUST_AFTER_TRIES",
     "GapObserver",
     "GuardedPartitionRecords",
-    "OffsetGapError",
     "expect_gaps",
     "install",
     "observing",
 ]
 
-GIVE_UP_AFTER_S = 10.0
-"""How long one missing offset may keep being answered past before the fetch fails."""
-GIVE_UP_AFTER_TRIES = 5
-"""...and over at least this many refetches (a slow machine refetches less often)."""
+TRUST_AFTER_S = 10.0
+"""How long re-reads must keep answering past one offset before it counts as a hole in the log."""
+TRUST_AFTER_TRIES = 5
+"""...and over at least this many fetches (a slow machine refetches less often)."""
 LOG_EVERY_S = 60.0
 """A partition's detections are logged at most this often (each one is counted)."""
 
-GapObserver = Callable[[TopicPartition, int, int], None]
-"""``(partition, first missing offset, offset the broker answered with)``: one detection."""
+GapObserver = Callable[[TopicPartition, int, int, bool], None]
+"""``(partition, first missing offset, offset the broker answered with, absent)``: one
+detection; ``absent``: re-reading confirmed a hole in the log, and the consumer moves past it."""
 
 _observer: ContextVar[GapObserver | None] = ContextVar("offset_gap_observer", default=None)
 _compacted: set[str] = set()
-
-
-class OffsetGapError(KafkaError):  # type: ignore[misc]
-    """A partition's record stayed missing from the broker's answers: stop, commit nothing past it."""
-
-    retriable = False
 
 
 @dataclass
@@ -96,8 +94,9 @@ class _Detections:
         self.logged: dict[TopicPartition, float] = {}
         self.total = 0
 
-    def gap(self, tp: TopicPartition, expected: int, answered: int) -> None:
-        """One answer skipped ``[expected, answered)``: count, log, report; raise once it persists."""
+    def gap(self, tp: TopicPartition, expected: int, answered: int) -> bool:
+        """One answer skipped ``[expected, answered)``: count, log, report. True once re-reads
+        have shown the same hole long enough to trust it (the caller moves past it)."""
         now = self.clock()
         self.total += 1
         missing = self.missing.get(tp)
@@ -112,15 +111,18 @@ class _Detections:
                 "(a broker fault; counted as pipeline_offsets_skipped_total, logged once a minute)",
                 tp, expected, answered, expected,
             )
+        absent = missing.tries >= TRUST_AFTER_TRIES and now - missing.since >= TRUST_AFTER_S
+        if absent:
+            del self.missing[tp]
+            log.error(
+                "%s: offsets %d..%d are absent from the broker's log (answered from %d by %d fetches over %.0fs): "
+                "moving past them (counted as pipeline_offsets_absent_total)",
+                tp, expected, answered - 1, answered, missing.tries, now - missing.since,
+            )
         observer = _observer.get()
         if observer is not None:
-            observer(tp, expected, answered)
-        if missing.tries >= GIVE_UP_AFTER_TRIES and now - missing.since >= GIVE_UP_AFTER_S:
-            raise OffsetGapError(
-                f"{tp.topic}[{tp.partition}]@{expected} is still missing from the broker's answers after "
-                f"{missing.tries} fetches over {now - missing.since:.0f}s (answered from offset {answered}): "
-                "stopping without committing past it"
-            )
+            observer(tp, expected, answered, absent)
+        return absent
 
     def seen(self, tp: TopicPartition, next_offset: int) -> None:
         """A batch ending before ``next_offset`` was handed out contiguously."""
@@ -158,8 +160,7 @@ class _ContinuousBatches:
         # Message format v2 batches know their first offset; a legacy (v0/v1) message set does
         # not (aiokafka's C reader has no base_offset for it), and is passed through unchecked.
         base = getattr(batch, "base_offset", None)
-        if base is not None and base > self._expected:
-            DETECTIONS.gap(self._tp, self._expected, base)
+        if base is not None and base > self._expected and not DETECTIONS.gap(self._tp, self._expected, base):
             self._expected = -1  # ends the record set: nothing past the gap is handed out
             return False
         self._expected = max(self._expected, batch.next_offset)

@@ -37,7 +37,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from pipeline.contract.headers import Headers
 from pipeline.contract.records import source_position_headers
-from pipeline.kafka.continuity import GuardedPartitionRecords, OffsetGapError
+from pipeline.kafka.continuity import GuardedPartitionRecords
 
 _FRAME = struct.Struct(">qi")  # BaseOffset, Length: the same in message formats v0, v1 and v2
 _MAGIC_AT = 16  # BaseOffset(8) + Length(4) + PartitionLeaderEpoch or CRC(4)
@@ -131,8 +131,6 @@ def salvage(
     try:
         readable.extend(partition_records)
         return None
-    except OffsetGapError:
-        raise
     except Exception as exc:  # noqa: BLE001 - any decode error: the point is to find where
         error: Exception = exc
     failed_at: int = partition_records.next_fetch_offset

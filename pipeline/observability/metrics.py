@@ -172,6 +172,13 @@ class PipelineMetrics:
             "topic",
             "partition",
         )
+        self.offsets_absent = counter(
+            "pipeline_offsets_absent_total",
+            "Offsets every re-read showed missing from the broker's log (a hole, e.g. left by a broker "
+            "crash), moved past after re-reading for 10 s (pipeline.kafka.continuity).",
+            "topic",
+            "partition",
+        )
         self.fenced_outputs = counter(
             "pipeline_fenced_outputs_total",
             "Outputs (results, dead letters, checkpoints) held while this worker's group membership "

@@ -19,7 +19,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka import continuity
 from pipeline.kafka.clients import make_consumer
-from pipeline.kafka.continuity import GIVE_UP_AFTER_S, GIVE_UP_AFTER_TRIES, GuardedPartitionRecords, OffsetGapError
+from pipeline.kafka.continuity import TRUST_AFTER_S, TRUST_AFTER_TRIES, GuardedPartitionRecords
 from pipeline.settings import KafkaSettings
 
 TP = TopicPartition("audio.chunks", 2)
@@ -81,9 +81,9 @@ def test_a_fetch_from_inside_a_batch_is_not_a_gap(detections: continuity._Detect
 
 def test_a_gap_between_batches_ends_the_answer_at_its_first_missing_offset(detections: continuity._Detections) -> None:
     seen: list[tuple[TopicPartition, int, int]] = []
-    with continuity.observing(lambda tp, expected, answered: seen.append((tp, expected, answered))):
+    with continuity.observing(lambda tp, expected, answered, absent: seen.append((tp, expected, answered, absent))):
         assert unpack(batch(0, 3) + batch(4, 2), 0) == ([0, 1, 2], 3)
-    assert seen == [(TP, 3, 4)]
+    assert seen == [(TP, 3, 4, False)]
     assert detections.missing[TP].offset == 3
 
 
@@ -120,20 +120,25 @@ def test_a_compacted_topic_may_have_gaps(detections: continuity._Detections, mon
     assert detections.total == 0
 
 
-def test_a_record_that_stays_missing_stops_the_fetch_loudly(detections: continuity._Detections) -> None:
+def test_a_hole_every_reread_shows_is_moved_past_and_counted_apart(detections: continuity._Detections) -> None:
+    """A broker killed with records it had not acknowledged leaves offsets that hold nothing:
+    re-read for TRUST_AFTER_S over TRUST_AFTER_TRIES fetches, the hole is trusted, not wedged on."""
     clock = detections.clock
     assert isinstance(clock, Clock)
-    for _ in range(GIVE_UP_AFTER_TRIES - 1):
-        assert unpack(batch(41, 1), 40) == ([], 40)
-        clock.now += GIVE_UP_AFTER_S
-    with pytest.raises(OffsetGapError, match=r"audio.chunks\[2\]@40 is still missing .* after 5 fetches"):
-        unpack(batch(41, 1), 40)
+    seen: list[bool] = []
+    with continuity.observing(lambda _tp, _expected, _answered, absent: seen.append(absent)):
+        for _ in range(TRUST_AFTER_TRIES - 1):
+            assert unpack(batch(41, 1), 40) == ([], 40)
+            clock.now += TRUST_AFTER_S
+        assert unpack(batch(41, 2), 40) == ([41, 42], 43)
+    assert seen == [False] * (TRUST_AFTER_TRIES - 1) + [True]
+    assert detections.missing == {}
 
 
 def test_many_quick_refetches_are_not_enough_to_give_up(detections: continuity._Detections) -> None:
-    for _ in range(GIVE_UP_AFTER_TRIES * 4):
+    for _ in range(TRUST_AFTER_TRIES * 4):
         assert unpack(batch(41, 1), 40) == ([], 40)  # the same instant: a transient fault keeps being refetched
-    assert detections.missing[TP].tries == GIVE_UP_AFTER_TRIES * 4
+    assert detections.missing[TP].tries == TRUST_AFTER_TRIES * 4
 
 
 async def test_every_project_consumer_unpacks_through_the_guard() -> None:
