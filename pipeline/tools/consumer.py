@@ -124,15 +124,7 @@ async def consume(
         assigned = await _wait_assigned(
             consumer, topics, patience, stop, every_topic=not options.group
         )
-        for partition in assigned:
-            await consumer.position(
-                partition
-            )  # resolves "latest"/"earliest" now, not at first fetch
-        missing = sorted(set(topics) - {tp.topic for tp in assigned})
-        if on_ready is not None:
-            on_ready(sorted(assigned), missing)
-        records, reason = await _loop(consumer, options, on_record, stop)
-        return ConsumeResult(records=records, stopped_by=reason, missing_topics=missing)
+        return await _read(consumer, topics, assigned, options, on_record, on_ready, stop)
     finally:
         await consumer.stop()
 
@@ -153,18 +145,32 @@ async def _consume_assigned(
             known = consumer.partitions_for_topic(topic) or set()
             wanted = set(options.partitions) if options.partitions else known
             assigned += [TopicPartition(topic, p) for p in sorted(wanted & known)]
-        missing = sorted(set(topics) - {tp.topic for tp in assigned})
         consumer.assign(assigned)
         if assigned:
             await _seek(consumer, assigned, options)
-            for partition in assigned:
-                await consumer.position(partition)
-        if on_ready is not None:
-            on_ready(sorted(assigned), missing)
-        records, reason = await _loop(consumer, options, on_record, stop)
-        return ConsumeResult(records=records, stopped_by=reason, missing_topics=missing)
+        return await _read(consumer, topics, assigned, options, on_record, on_ready, stop)
     finally:
         await consumer.stop()
+
+
+async def _read(
+    consumer: AIOKafkaConsumer,
+    topics: list[str],
+    assigned: list[TopicPartition],
+    options: ConsumeOptions,
+    on_record: Callable[[Consumed], None],
+    on_ready: Callable[[list[TopicPartition], list[str]], None] | None,
+    stop: asyncio.Event | None,
+) -> ConsumeResult:
+    """Positions resolved now ("latest"/"earliest", not at the first fetch), ``on_ready`` told,
+    then records until ``options`` or ``stop`` end it."""
+    for partition in assigned:
+        await consumer.position(partition)
+    missing = sorted(set(topics) - {tp.topic for tp in assigned})
+    if on_ready is not None:
+        on_ready(sorted(assigned), missing)
+    records, reason = await _loop(consumer, options, on_record, stop)
+    return ConsumeResult(records=records, stopped_by=reason, missing_topics=missing)
 
 
 async def _seek(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], options: ConsumeOptions) -> None:

@@ -29,7 +29,7 @@ from pipeline.tools.top.book import SnapshotBook
 from pipeline.tools.top.snapshot import parse_snapshot
 from pipeline.tools.top.view import plain_lines
 from pipeline.topology import load_topology
-from pipeline.topology.graph import StepSpec, compile_graph
+from tests.helpers.branch_graph import two_branch_graph
 from workers.base import StageIO
 from workers.event_time import now_ms
 from workers.join import JoinSettings, JoinStage, JoinState, JoinStateCodec
@@ -119,21 +119,7 @@ def test_live_members_are_read_from_describe_groups_and_errors_are_no_evidence()
 
 
 def test_the_graph_walks_each_branch_from_its_own_step_upstream() -> None:
-    graph = compile_graph(
-        topology="t",
-        steps=[
-            StepSpec("prep", {"raw": "raw"}, {"features": "features"}),
-            StepSpec("a", {"x": "features"}, {"y": "logits"}),
-            StepSpec("calibrate", {"x": "logits"}, {"y": "calibrated"}),
-            StepSpec("b", {"x": "features"}, {"y": "score"}),
-        ],
-        inputs=["raw"],
-        outputs=["calibrated", "score"],
-        input_topic="t.in",
-        result_topic="t.out",
-        result_join_gone_after_s=5.0,
-        result_join_max_wait_s=None,
-    )
+    graph = two_branch_graph(result_join_gone_after_s=5.0, result_join_max_wait_s=None)
     assert graph.chain("calibrate") == [("calibrate", "t.a.out", 0), ("a", "t.prep.out", 1), ("prep", "t.in", 2)]
     assert graph.chain("b") == [("b", "t.prep.out", 0), ("prep", "t.in", 1)]
     join = graph.joins["join-result"]

@@ -15,7 +15,7 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.progress import backlog
-from pipeline.topology.graph import StepSpec, compile_graph
+from tests.helpers.branch_graph import two_branch_graph
 from workers.event_time import EventTimeClock, now_ms
 
 
@@ -24,19 +24,7 @@ def _record(partition: int, offset: int, timestamp: int) -> Any:
 
 
 def test_the_groups_feeding_a_join_are_every_step_upstream_of_its_branches() -> None:
-    graph = compile_graph(
-        topology="t",
-        steps=[
-            StepSpec("prep", {"raw": "raw"}, {"features": "features"}),
-            StepSpec("a", {"x": "features"}, {"y": "logits"}),
-            StepSpec("calibrate", {"x": "logits"}, {"y": "calibrated"}),
-            StepSpec("b", {"x": "features"}, {"y": "score"}),
-        ],
-        inputs=["raw"],
-        outputs=["calibrated", "score"],
-        input_topic="t.in",
-        result_topic="t.out",
-    )
+    graph = two_branch_graph()
     [join] = graph.joins
     assert graph.joins[join].branches == ("calibrate", "b")
     assert graph.feeding(join) == [("a", "t.prep.out"), ("b", "t.prep.out"), ("calibrate", "t.a.out"), ("prep", "t.in")]
