@@ -206,7 +206,7 @@ async def ensure_topics(
     topics: Iterable[str],
     *,
     partitions: int,
-    replication_factor: int = 1,
+    replication_factor: int = -1,
     compacted: Iterable[str] = (),
     limits: RecordLimits | None = None,
     configs: dict[str, str] | None = None,
@@ -239,6 +239,9 @@ async def ensure_topics(
                 t,
                 num_partitions=partitions,
                 replication_factor=replication_factor,
+                # -1: the broker's default.replication.factor (KIP-464). aiokafka's NewTopic takes
+                # -1 only beside an assignment; an empty one asks the broker to place the replicas.
+                replica_assignments={} if replication_factor == -1 else None,
                 topic_configs={
                     **({"cleanup.policy": "compact"} if t in compact else {}),
                     **(limits.topic_configs() if limits is not None else {}),

@@ -29,6 +29,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 
@@ -73,8 +74,17 @@ class KafkaSection(_Strict):
     """Overrides PIPELINE_KAFKA_BOOTSTRAP_SERVERS; null = environment, else the embedded stack."""
     partitions: PositiveInt = 1
     """Partitions of the topics the pipeline creates; bounds how many workers share a stage."""
-    replication_factor: PositiveInt = 1
-    """Replication factor of the topics the pipeline creates."""
+    replication_factor: int = -1
+    """Replication factor of the topics the pipeline creates; -1 (the default): the broker's own
+    ``default.replication.factor``, so a managed Kafka with ``min.insync.replicas=2`` gets topics
+    it can write to without the topology knowing its size."""
+
+    @field_validator("replication_factor")
+    @classmethod
+    def _replication_factor(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("replication_factor must be -1 (the broker's default) or 1 or more")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pipeline.errors import ConfigError, EndpointUnreachable
 from pipeline.topology import load_topology, parse_topology
 from pipeline.topology.compat import check_compatibility
-from pipeline.topology.model import DaliStageConfig, StageTopics, StatelessStageConfig
+from pipeline.topology.model import DaliStageConfig, StageTopics, StatelessStageConfig, Topology
 from pipeline.topology.schema import render_schema
 from tests.helpers.fake_triton import FakeModel, FakeTensor, FakeTriton
 
@@ -469,3 +470,14 @@ def test_every_example_topology_loads_and_declares_its_schema(path: Path) -> Non
     assert path.read_text().splitlines()[0] == "# yaml-language-server: $schema=./topology.schema.json"
     topology = load_topology(path, environ={})
     assert topology.stages
+
+
+def test_replication_factor_defaults_to_the_brokers() -> None:
+    """-1: the broker's default.replication.factor (a managed Kafka with min.insync.replicas=2
+    gets topics it can write to); 0 or below -1 is refused."""
+    base = {"name": "rf", "input_topic": "in", "result_topic": "out", "stages": [{"name": "s", "kind": "stateless", "model": "m"}]}
+    assert Topology.model_validate(base).kafka.replication_factor == -1
+    assert Topology.model_validate({**base, "kafka": {"replication_factor": 3}}).kafka.replication_factor == 3
+    for wrong in (0, -2):
+        with pytest.raises(ValidationError, match="replication_factor must be -1"):
+            Topology.model_validate({**base, "kafka": {"replication_factor": wrong}})
