@@ -51,7 +51,9 @@ def k8s(
         str, typer.Option(help="Secret holding the workers' credentials (S3 keys, SASL), as env variables.")
     ] = _defaults.secret,
     triton_secret: Annotated[str, typer.Option(help="Secret holding Triton's read-only S3 keys.")] = _defaults.triton_secret,
-    triton_image: Annotated[str, typer.Option(help="Triton image: an NGC tritonserver tag.")] = TRITON_IMAGE,
+    triton_image: Annotated[
+        str, typer.Option(help="Triton image (default: docker/triton.Dockerfile's, which loads the sample models).")
+    ] = TRITON_IMAGE,
     triton_url: Annotated[str | None, typer.Option(help="Use an existing Triton (host:port) instead of generating one.")] = None,
     triton_gpus: Annotated[int, typer.Option(help="GPUs Triton requests (nvidia.com/gpu); 0 = CPU.")] = 0,
     triton_replicas: Annotated[int, typer.Option(help="Triton pods.")] = _defaults.triton_replicas,

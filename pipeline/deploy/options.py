@@ -20,9 +20,15 @@ from pipeline.settings import S3Settings
 DEFAULT_IMAGE = f"streaming-inference-pipeline:{version('streaming-inference-pipeline')}"
 """The image ``Dockerfile`` builds, tagged with this package's version."""
 
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
-"""The base of ``docker/triton.Dockerfile`` (Triton 2.49); the sample models' Python backend
-also needs onnxruntime, which that Dockerfile adds: build it and pass ``--triton-image``."""
+TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
+"""NGC's Triton 2.49, the base of ``docker/triton.Dockerfile``: it serves ONNX Runtime, TensorRT
+and PyTorch models, but the sample models are Python-backend models importing onnxruntime,
+which it lacks."""
+
+TRITON_IMAGE = f"pipeline-triton:{version('streaming-inference-pipeline')}"
+"""The image ``docker/triton.Dockerfile`` builds (``docker compose build triton`` tags it so):
+the base plus onnxruntime, so the generated Triton loads the shipped sample models as they are.
+Pass ``--triton-image`` for the stock image (models of its own backends) or one of your own."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises."""

@@ -29,7 +29,7 @@ import yaml
 
 from pipeline.cli import app
 from pipeline.deploy import Bundle, DeployOptions, Resources, generate, write_bundle
-from pipeline.deploy.options import TRITON_IMAGE
+from pipeline.deploy.options import TRITON_BASE_IMAGE, TRITON_IMAGE
 from pipeline.errors import ConfigError
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.runtime.stages import build_stages
@@ -363,9 +363,16 @@ def test_the_topologys_own_endpoint_wins(tmp_path: Path) -> None:
         generate(pinned, DeployOptions(kafka_bootstrap="other:9092"))
 
 
-def test_triton_image_default_is_the_dockerfiles_base() -> None:
-    base = re.search(r"^FROM (\S+)", (REPO / "docker" / "triton.Dockerfile").read_text(), flags=re.MULTILINE)
-    assert base and base.group(1) == TRITON_IMAGE
+def test_triton_image_default_is_the_one_that_loads_the_sample_models() -> None:
+    """Issue 24: the stock image cannot load the shipped Python-backend models (they import
+    onnxruntime); the default is what docker/triton.Dockerfile builds on it, as compose tags it."""
+    dockerfile = (REPO / "docker" / "triton.Dockerfile").read_text()
+    base = re.search(r"^FROM (\S+)", dockerfile, flags=re.MULTILINE)
+    assert base and base.group(1) == TRITON_BASE_IMAGE
+    assert "onnxruntime" in dockerfile
+    compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+    assert compose["services"]["triton"]["image"] == TRITON_IMAGE
+    assert compose["services"]["triton"]["build"]["dockerfile"] == "docker/triton.Dockerfile"
 
 
 def test_the_command_writes_a_base_that_renders(tmp_path: Path) -> None:
