@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -292,6 +293,13 @@ def drop_endpoints_line() -> str | None:
     return text
 
 
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\s")
+
+
+def _visible(text: str) -> bool:
+    return bool(_CONTROL.sub("", text))
+
+
 class EndpointsFirst:
     """``sys.stderr`` for the CLI's lifetime: prints the pending endpoints line before the first
     write, whoever writes (rich consoles, ``print``, logging handlers)."""
@@ -300,7 +308,9 @@ class EndpointsFirst:
         self.wrapped = wrapped
 
     def write(self, text: str) -> int:
-        if _line.pending and text:
+        # Only visible text releases the line: a console's cursor or colour codes and bare
+        # newlines come before a failing command's one-line error too (`pipeline run`).
+        if _line.pending and text and _visible(text):
             _line.flush(self.wrapped)
         return self.wrapped.write(text)
 

@@ -10,7 +10,7 @@ import typer
 
 from pipeline.cli.announce import Announcer
 from pipeline.cli.app import app
-from pipeline.cli.connection import announce, connection_options, endpoints_text, flush_endpoints_line, given
+from pipeline.cli.connection import announce, connection_options, endpoints_text, given
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.endpoints import (
     clear_stack_state,
@@ -72,8 +72,7 @@ def _say_endpoints(endpoints: Endpoints, say: Announcer) -> None:
     if say.json:
         say.say(text)
     else:
-        announce(text)
-        flush_endpoints_line()
+        announce(text)  # printed before the next line: a failure before one prints its error alone
 
 
 def _url_host(host: str) -> str:
