@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -30,3 +31,25 @@ def test_an_unknown_loop_is_a_configuration_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(EVENT_LOOP_ENV, "trio")
     with pytest.raises(ConfigError, match="PIPELINE_EVENT_LOOP='trio'"):
         chosen_event_loop()
+
+
+def test_an_unretrieved_kafka_error_is_not_a_workers_last_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A delivery nobody awaits any more, collected after the stage reported its failure in one
+    line, goes to the debug log; other unretrieved errors still reach asyncio's handler."""
+    import gc
+
+    from aiokafka.errors import RequestTimedOutError
+
+    async def leave_failed_futures() -> None:
+        loop = asyncio.get_running_loop()
+        for error in (RequestTimedOutError(), ValueError("not kafka")):
+            future = loop.create_future()
+            future.set_exception(error)
+            del future
+        gc.collect()
+
+    with caplog.at_level(logging.DEBUG):
+        run_on_event_loop(leave_failed_futures(), "asyncio")
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [str(r.exc_info[1]) if r.exc_info else r.getMessage() for r in errors] == ["not kafka"]
+    assert any("unretrieved after the stage reported it" in r.getMessage() for r in caplog.records)
