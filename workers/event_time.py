@@ -10,8 +10,11 @@ it, or "now" when nothing is left to read (a caught-up partition cannot bring
 anything older). Right after an assignment, a partition nothing was read from
 counts as behind for ``grace_ms``, so its backlog is read before it is trusted.
 A partition written by other stages is caught up only when they are too
-(``upstream_behind``, a join's branches): what they have not processed yet is
-older than what was read. A partition the broker has not answered a fetch for
+(``upstream_behind``: a join's branches, a sequence stage's input), or gone
+(:mod:`pipeline.kafka.progress`): what they have not processed yet is older than
+what was read. While they are behind, the partition's watermark is the event time
+of what they have delivered so far, less ``late_grace_ms``: their position seen
+through their outputs, with room for records their producers stamped out of order. A partition the broker has not answered a fetch for
 in ``stale_ms`` (unreachable, paused) is behind too: its end offset is old news, and
 records stamped during the silence may be waiting there. Once the broker answers
 again the partition is read for ``grace_ms`` before it is trusted, as after an
@@ -37,6 +40,10 @@ HighWater = Callable[[TopicPartition], int | None]
 FetchedAt = Callable[[TopicPartition], int | None]
 """When the broker last answered a fetch for the partition (ms, wall clock; None: never)."""
 
+LATE_GRACE_MS = 1_000.0
+"""How far out of timestamp order records of one partition may be (their producers'
+clocks, a retried batch) when a behind upstream's outputs are taken as its position."""
+
 FETCH_STALE_MS = 5_000.0
 """Fetches answer within the fetch wait (25 ms) when healthy; silence this long means
 the end offset is no longer known."""
@@ -58,11 +65,13 @@ class EventTimeClock:
         upstream_behind: Callable[[TopicPartition], bool] | None = None,
         fetched_at: FetchedAt | None = None,
         stale_ms: float = FETCH_STALE_MS,
+        late_grace_ms: float = 0.0,
     ) -> None:
         self.highwater = highwater
         self.fetched_at = fetched_at
         self.stale_ms = stale_ms
         self.upstream_behind = upstream_behind
+        self.late_grace_ms = late_grace_ms
         self.grace_ms = grace_ms
         self.max_future_ms = max_future_ms
         self._event_time: dict[TopicPartition, int] = {}
@@ -109,7 +118,16 @@ class EventTimeClock:
     def watermark(self, partitions: Iterable[TopicPartition]) -> int:
         """Event time every one of ``partitions`` has reached (the minimum)."""
         now = now_ms()
-        return min((now if not self._behind(tp, now) else self._event_time.get(tp, 0)) for tp in partitions)
+        return min(self._mark(tp, now) for tp in partitions)
+
+    def caught_up(self, tp: TopicPartition) -> bool:
+        """Whether ``tp`` counts as "now": read to its end, its writers caught up or gone."""
+        return not self._behind(tp, now_ms())
+
+    def _mark(self, tp: TopicPartition, now: int) -> int:
+        if self.upstream_behind is not None and self.upstream_behind(tp):
+            return self._event_time.get(tp, 0) - int(self.late_grace_ms)
+        return now if not self._behind(tp, now) else self._event_time.get(tp, 0)
 
     def since_s(self, event_ms: int, partitions: Iterable[TopicPartition]) -> float:
         """Seconds of event time between ``event_ms`` and the partitions' watermark."""

@@ -9,13 +9,16 @@ killed mid-join loses nothing; it is deleted (tombstone) some time after the
 join completed, having served to recognise late duplicates.
 
 Windows run in event time: from the first branch record's timestamp (the
-request's: messages between stages keep it) until every branch partition has
-been read up to the window's end. A partition with nothing left to read counts
-as "now" only when the stages upstream of the join have committed their inputs
-to the end too, or have stopped moving for a window's length, 30 s at least (a branch whose
-stage is down is late; :mod:`pipeline.kafka.progress`). So a join does not
-expire because this worker, or the stage of one branch, is behind (a backlog, a
-slower branch), only because a branch really is late. Outputs
+request's: messages between stages keep it) until every *missing* branch's
+partition has been read up to the window's end. A branch partition with nothing
+left to read counts as "now" only when the stages upstream of it have committed
+their inputs to the end too, or are gone: no live member in their group for
+``branch_gone_after``. A branch whose stages are behind is judged by the event time
+of what it has delivered; a window open longer than ``max_wait`` closes anyway
+(:mod:`pipeline.kafka.progress`, :mod:`workers.join_expiry`). Time since a commit
+is no evidence: a join does not expire because this worker, or the stage of one
+branch, is behind (a backlog, a rejoin, a slower branch), only because a branch
+cannot deliver. The dead letter names the rule that closed the window. Outputs
 that no input record owns (expiries, deletion of retired markers) are handed to
 the producer together and awaited once per sweep.
 
@@ -44,7 +47,7 @@ from pipeline.contract.request import InferenceRequest, decode_request, forward_
 from pipeline.contract.response import encode_response
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
-from pipeline.kafka.progress import MIN_STALL_S, Upstream, UpstreamProgress
+from pipeline.kafka.progress import DEFAULT_GONE_AFTER_S, BranchState, Upstream, UpstreamProgress
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_trace
@@ -53,13 +56,17 @@ from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
 from workers.base import StageIO
 from workers.dead_letters import dead_letter_record
-from workers.event_time import EventTimeClock
+from workers.event_time import LATE_GRACE_MS, EventTimeClock, now_ms
+from workers.join_expiry import Judged, Rule, expiry_reason, expiry_rules
 from workers.stateful import StatefulStage
+from workers.upstream import UpstreamWatch
 
 log = logging.getLogger(__name__)
 
 JOIN_STATUS = "join-status"
-_POLL_S = 0.5  # how often, while joins are open, the upstream groups' progress is asked
+DEFAULT_MAX_WAIT_S = 600.0
+"""The hard limit on an open window: a branch whose stage is alive but stuck (members
+listed, nothing processed) would otherwise hold its windows until ``max_open_joins``."""
 
 
 @dataclass
@@ -75,6 +82,8 @@ class JoinState:
     digests: dict[str, str] = field(default_factory=dict)
     """Digest of each branch value that arrived: kept after the join is done, so a late
     replay (dropped, counted) is told from a reused correlation ID (dead-lettered)."""
+    opened_ms: int = field(default_factory=now_ms)
+    """When the join first held it (wall clock): ``max_wait`` counts from here."""
 
 
 class JoinStateCodec:
@@ -90,6 +99,7 @@ class JoinStateCodec:
             "headers": [[k, pack_bytes(v)] for k, v in state.headers],
             "branch_headers": {b: [[k, pack_bytes(v)] for k, v in hs] for b, hs in state.branch_headers.items()},
             "digests": state.digests,
+            "opened_ms": state.opened_ms,
         }
 
     def from_dict(self, data: dict[str, Any], version: int) -> JoinState:
@@ -103,6 +113,7 @@ class JoinStateCodec:
                 str(b): [(str(k), unpack_bytes(v)) for k, v in hs] for b, hs in data.get("branch_headers", {}).items()
             },
             digests={str(b): str(d) for b, d in data.get("digests", {}).items()},
+            opened_ms=int(data.get("opened_ms", now_ms())),  # older states: from their restore
         )
 
 
@@ -122,7 +133,11 @@ class JoinSettings:
     to_result: bool = False
     select: tuple[str, ...] | None = None
     upstream: tuple[Upstream, ...] = ()
-    """The groups (and their inputs) of every stage upstream of the join."""
+    """The groups (and their inputs) of every stage upstream of each branch."""
+    branch_gone_after_s: float = DEFAULT_GONE_AFTER_S
+    """No live member in a branch's group this long: the branch is gone."""
+    max_wait_s: float | None = DEFAULT_MAX_WAIT_S
+    """The hard limit on an open window (None: none)."""
 
 
 class JoinStage(StatefulStage):
@@ -138,23 +153,28 @@ class JoinStage(StatefulStage):
         self.states = self.keyed_state(
             state_topic, JoinStateCodec(), ttl_s=self.retention_s, max_keys=settings.max_open
         )
-        # An upstream group that has not committed for a window's length (at least MIN_STALL_S)
-        # is late, not slow.
-        stall_s = max(settings.window_ms / 1000, MIN_STALL_S)
-        self.progress = UpstreamProgress(kafka, settings.upstream, settings.input_topics, stall_s=stall_s)
-        behind = (lambda tp: self.progress.behind(tp.partition)) if settings.upstream else None
+        self._topic_of = dict(zip(settings.branches, settings.input_topics, strict=True))
+        # A branch is behind until its stages are caught up or gone: never judged by a clock.
+        self.progress = UpstreamProgress(
+            kafka, settings.upstream, settings.input_topics, gone_after_s=settings.branch_gone_after_s
+        )
+        self.upstream = UpstreamWatch(self.progress, stage=io.stage, metrics=metrics)
+        behind = (lambda tp: self.progress.behind(self._branch_of[tp.topic], tp.partition)) if settings.upstream else None
         self.clock = EventTimeClock(
-            self._highwater, grace_ms=settings.window_ms, upstream_behind=behind, fetched_at=self.fetched_at
+            self._highwater,
+            grace_ms=settings.window_ms,
+            upstream_behind=behind,
+            fetched_at=self.fetched_at,
+            late_grace_ms=LATE_GRACE_MS,
         )
         self._last_sweep = 0.0
-        self._last_poll = 0.0
 
     async def setup(self) -> None:
         await super().setup()
-        await self.progress.start()
+        await self.upstream.start()
 
     async def teardown(self) -> None:
-        await self.progress.stop()
+        await self.upstream.stop()
         await super().teardown()
 
     def _highwater(self, tp: TopicPartition) -> int | None:
@@ -284,10 +304,29 @@ class JoinStage(StatefulStage):
     def next_tick_s(self) -> float:
         return 0.05
 
-    def _watermark(self, partition: int) -> int:
-        """Event time every branch of ``partition`` has reached: a join does not expire
-        merely because this worker reads one branch ahead of the other."""
-        return self.clock.watermark(TopicPartition(topic, partition) for topic in self.node.input_topics)
+    def _judge(self, branch: str, partition: int) -> tuple[int, BranchState, bool]:
+        """What a missing branch's partition tells (:data:`workers.join_expiry.Judge`): only
+        missing branches are asked, so reading one branch ahead of another expires nothing."""
+        tp = TopicPartition(self._topic_of[branch], partition)
+        state = self.progress.state(branch, partition) if self.node.upstream else BranchState.CAUGHT_UP
+        return self.clock.watermark([tp]), state, self.clock.caught_up(tp)
+
+    def _rules(self, entry: StateEntry[JoinState], judged: dict[tuple[str, int], Judged]) -> dict[str, Rule] | None:
+        def judge(branch: str) -> Judged:
+            if (branch, entry.partition) not in judged:
+                judged[(branch, entry.partition)] = self._judge(branch, entry.partition)
+            return judged[(branch, entry.partition)]
+
+        state = entry.state
+        return expiry_rules(
+            first_ms=state.first_ms,
+            opened_ms=state.opened_ms,
+            missing=[b for b in self.node.branches if b not in state.branches],
+            window_ms=self.node.window_ms,
+            max_wait_ms=None if self.node.max_wait_s is None else self.node.max_wait_s * 1000,
+            now_ms=now_ms(),
+            judge=judge,
+        )
 
     async def tick(self) -> None:
         now = time.monotonic()
@@ -295,21 +334,17 @@ class JoinStage(StatefulStage):
             return
         self._last_sweep = now
         self.clock.watch(self._owned)
-        if now - self._last_poll >= _POLL_S and any(not entry.state.done for entry in self.states):
-            self._last_poll = now
-            assert self._consumer is not None
-            await self.progress.poll(self._consumer, {tp.partition for tp in self._owned})
-        watermarks: dict[int, int] = {}
+        if self.node.upstream and any(not entry.state.done for entry in self.states):
+            await self.upstream.poll(self._consumer, self._owned)
+        judged: dict[tuple[str, int], Judged] = {}  # one look per branch partition and sweep
         out: list[OutRecord] = []
         for entry in self.states:
             if entry.state.done:
                 continue
-            mark = watermarks.get(entry.partition)
-            if mark is None:
-                mark = watermarks[entry.partition] = self._watermark(entry.partition)
-            if mark - entry.state.first_ms >= self.node.window_ms:
-                log.info("%s: join %r expired (event time %d ms past its start)", self.io.stage, entry.key, mark - entry.state.first_ms)
-                out += self._expire(entry)
+            rules = self._rules(entry, judged)
+            if rules is not None:
+                log.info("%s: join %r expired: %s", self.io.stage, entry.key, rules)
+                out += self._expire(entry, rules)
         for entry in self.states.due():
             if entry.state.done:
                 out += self._evict(entry)  # retention over: the marker is deleted
@@ -325,15 +360,24 @@ class JoinStage(StatefulStage):
         tombstone = self.states.delete(entry.key)
         return out + ([tombstone] if tombstone is not None else [])
 
-    def _expire(self, entry: StateEntry[JoinState]) -> list[OutRecord]:
-        """The window closed before every branch arrived: outer emits what it has, inner dead-letters."""
+    def _expire(self, entry: StateEntry[JoinState], rules: dict[str, Rule] | None = None) -> list[OutRecord]:
+        """The window closed before every branch arrived (``rules``: why, per missing branch;
+        None: evicted by ``max_open_joins``): outer emits what it has, inner dead-letters."""
         key, state = entry.key, entry.state
         missing = [b for b in self.node.branches if b not in state.branches]
+        for rule in sorted(set((rules or {"": "evicted"}).values())):
+            self.metrics.join_expiries.labels(self.io.stage, rule).inc()
         if self.node.mode == "outer":
             out = [self._merged(key, state, status="partial")]
         else:  # inner: every branch record that arrived is dead-lettered, none vanishes
-            have = ", ".join(state.branches)
-            reason = f"join window of {self.node.window_ms:.0f} ms expired; missing {', '.join(missing)} (have {have})"
+            reason = expiry_reason(
+                rules,
+                window_ms=self.node.window_ms,
+                missing=missing,
+                have=list(state.branches),
+                gone_after_s=self.node.branch_gone_after_s,
+                max_wait_s=self.node.max_wait_s,
+            )
             out = [
                 dead_letter_record(
                     stage=self.io.stage,

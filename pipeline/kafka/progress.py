@@ -1,22 +1,36 @@
-"""How far the consumer groups upstream of a stage have got: are they still working through
-their input?
+"""How far the consumer groups upstream of a stage have got: behind, caught up, or gone.
 
 A join's window runs in event time. A branch topic the join has read to its end may still
-be incomplete: the stage writing it may be behind on its own input (a backlog, a branch
-slower than the other), and what it has not processed yet is older, in event time, than
-what the join has seen. So a join counts a branch as caught up only when every group
-upstream of it has committed its input to the end, or has stopped moving: a group with
-records left whose commits have not advanced for ``stall_s`` (its stage is down, or
-waits out an outage) is late, not slow, and windows close on it as they would on a
-branch that never answers.
+be incomplete: the stage writing it may be behind on its own input (a backlog, a rejoin,
+a branch slower than the other), and what it has not processed yet is older, in event
+time, than what the join has seen. A sequence stage's input is the same: the stage before
+it may still hold a stream's next chunks.
 
-Committed offsets and end offsets are asked of the broker; the end offsets of the join's
-own inputs come in the same poll, after the commits, so an output acknowledged before its
-commit is never missed.
+**A branch is behind until proven gone.** Time since a group's last commit is not, by
+itself, evidence of anything: a stage rejoining its group (about 19 s on the embedded
+broker), waiting for its models or sharing two cores with a 200,000-record backlog
+commits nothing for as long as it takes, and any threshold on that silence fails on a
+busier machine (issue 28). So each (branch, partition) is judged on evidence only:
+
+- ``caught-up``: every group feeding it has committed its input to the end;
+- ``gone``: a group feeding it has had no live member (the broker's DescribeGroups) for
+  longer than ``gone_after_s``; nothing it has not processed will ever come;
+- ``behind``: otherwise. The stage waits, judging by event time what the branch has
+  delivered so far (:mod:`workers.event_time`), or a hard ``max_wait`` of its own.
+
+The groups feeding a branch are walked from the branch's own step upstream (``depth``):
+the first that is not caught up decides. A gone branch step is gone even while the steps
+before it are behind (nothing will pass through it), and a live step with records left
+is behind even when a group before it is gone (what it holds still comes).
+
+Committed offsets, end offsets and memberships are asked of the broker; the end offsets of
+the stage's own inputs come in the same poll, after the commits, so an output acknowledged
+before its commit is never missed.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,66 +46,133 @@ from pipeline.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 
+class BranchState(enum.Enum):
+    """What is known of a branch (or a sequence stage's upstream) on one partition."""
+
+    BEHIND = "behind"
+    CAUGHT_UP = "caught-up"
+    GONE = "gone"
+
+
 @dataclass(frozen=True)
 class Upstream:
-    """A consumer group and the topic it consumes."""
+    """A consumer group, the topic it consumes, and where it sits relative to a branch."""
 
     group_id: str
     topic: str
+    branch: str = ""
+    """The join branch it feeds ("": the only upstream of a sequence stage)."""
+    depth: int = 0
+    """0: the branch's own step; 1: the step feeding that one; and so on."""
 
 
-MIN_STALL_S = 30.0
-"""The shortest time without a commit that counts an upstream group as stopped. A stage
-that is starting (joining its group, waiting for its models), rebalancing or working
-through a large batch commits nothing for seconds while it is only slow; a join window
-shorter than that must not close on it."""
+DEFAULT_GONE_AFTER_S = 180.0
+"""How long a group may have no live member before its branch counts as gone: longer than
+a rolling deploy's gap between one pod leaving and the next joining, or a slow rejoin."""
 
 Committed = Mapping[tuple[str, TopicPartition], int | None]
 """(group, input partition) -> the group's committed offset (None: it never committed)."""
 
 
+def backlog(
+    committed: Committed, beginning: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]
+) -> set[tuple[str, TopicPartition]]:
+    """The (group, partition) pairs with records left to process. Groups may share an input
+    topic (a fan-out); one that never committed counts from the partition's beginning."""
+    left = set()
+    for key, done in committed.items():
+        tp = key[1]
+        start = beginning.get(tp, 0) if done is None or done < 0 else done
+        if start < end.get(tp, 0):
+            left.add(key)
+    return left
+
+
 @dataclass
-class Movement:
-    """When each (group, partition)'s committed offset last changed, by ``clock``."""
+class Liveness:
+    """When each group was last seen with a live member, by ``clock``. A group first seen
+    without one counts from then: the stage may be starting, so it gets the full time."""
 
-    stall_s: float
+    gone_after_s: float
     clock: Callable[[], float] = time.monotonic
-    _seen: dict[tuple[str, TopicPartition], tuple[int | None, float]] = field(default_factory=dict)
+    _live_at: dict[str, float] = field(default_factory=dict)
 
-    def behind(self, committed: Committed, beginning: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> set[int]:
-        """Partition numbers where a group still has records to process and has committed
-        within ``stall_s`` (a group first seen counts as moving). Groups may share an input
-        topic (a fan-out); one that never committed counts from the partition's beginning."""
+    def observe(self, members: Mapping[str, int]) -> None:
+        """``members``: group -> live members the broker lists for it now."""
         now = self.clock()
-        behind = set()
-        for key, done in committed.items():
-            last = self._seen.get(key)
-            if last is None or last[0] != done:
-                self._seen[key] = last = (done, now)
-            tp = key[1]
-            start = beginning.get(tp, 0) if done is None or done < 0 else done
-            if start < end.get(tp, 0) and now - last[1] < self.stall_s:
-                behind.add(tp.partition)
-        return behind
+        for group, count in members.items():
+            if count > 0 or group not in self._live_at:
+                self._live_at[group] = now
+
+    def gone(self, group: str) -> bool:
+        seen = self._live_at.get(group)
+        return seen is not None and self.clock() - seen > self.gone_after_s
+
+
+def branch_states(
+    upstream: Sequence[Upstream],
+    left: set[tuple[str, TopicPartition]],
+    gone: Callable[[str], bool],
+    numbers: Iterable[int],
+) -> dict[tuple[str, int], BranchState]:
+    """(branch, partition number) -> its state (see the module docstring)."""
+    chains: dict[str, list[Upstream]] = {}
+    for up in sorted(upstream, key=lambda u: (u.depth, u.group_id, u.topic)):
+        chains.setdefault(up.branch, []).append(up)
+    states = {}
+    for branch, chain in chains.items():
+        for number in numbers:
+            state = BranchState.CAUGHT_UP
+            for up in chain:
+                if gone(up.group_id):
+                    state = BranchState.GONE
+                    break
+                if (up.group_id, TopicPartition(up.topic, number)) in left:
+                    state = BranchState.BEHIND
+                    break
+            states[(branch, number)] = state
+    return states
+
+
+def live_members(responses: Iterable[object]) -> dict[str, int]:
+    """group -> members, from aiokafka's raw DescribeGroups responses (groups answered with
+    an error are left out: unknown, so not evidence of anything)."""
+    members: dict[str, int] = {}
+    for response in responses:
+        for group in getattr(response, "groups", ()):
+            error_code, group_id, members_list = group[0], group[1], group[5]
+            if error_code == 0:
+                members[str(group_id)] = len(members_list)
+    return members
 
 
 class UpstreamProgress:
-    """Polled progress of ``upstream`` groups on the partition numbers a stage owns.
+    """Polled states of ``upstream`` groups on the partition numbers a stage owns.
 
-    Until a poll has succeeded (and whenever one fails), every partition counts as
-    behind: the safe answer, since it only delays a window.
+    Until a poll has succeeded (and whenever one fails), every branch counts as behind:
+    the safe answer, since it only delays a window or an idle close.
     """
 
     def __init__(
-        self, settings: KafkaSettings, upstream: Sequence[Upstream], own_topics: Sequence[str], *, stall_s: float
+        self,
+        settings: KafkaSettings,
+        upstream: Sequence[Upstream],
+        own_topics: Sequence[str],
+        *,
+        gone_after_s: float = DEFAULT_GONE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._upstream = list(upstream)
         self._own_topics = list(own_topics)
-        self._movement = Movement(stall_s)
+        self.liveness = Liveness(gone_after_s, clock)
         self._admin: AIOKafkaAdminClient | None = None
-        self._behind: set[int] | None = None
+        self._states: dict[tuple[str, int], BranchState] | None = None
         self._ends: dict[TopicPartition, int] = {}
+
+    @property
+    def branches(self) -> list[str]:
+        return sorted({up.branch for up in self._upstream})
 
     async def start(self) -> None:
         if self._upstream:
@@ -103,22 +184,50 @@ class UpstreamProgress:
             await self._admin.close()
             self._admin = None
 
-    def behind(self, partition: int) -> bool:
-        return self._behind is None or partition in self._behind
+    def state(self, branch: str, partition: int) -> BranchState:
+        if self._states is None:
+            return BranchState.BEHIND
+        return self._states.get((branch, partition), BranchState.BEHIND)
+
+    def behind(self, branch: str, partition: int) -> bool:
+        return self.state(branch, partition) is BranchState.BEHIND
+
+    def summary(self) -> dict[str, BranchState]:
+        """Per branch over the partitions polled: gone if gone anywhere, else behind if behind
+        anywhere, else caught up (what the gauge and ``pipeline top`` show)."""
+        worst: dict[str, BranchState] = {b: BranchState.CAUGHT_UP if self._states else BranchState.BEHIND for b in self.branches}
+        for (branch, _number), state in (self._states or {}).items():
+            if state is BranchState.GONE or (state is BranchState.BEHIND and worst[branch] is not BranchState.GONE):
+                worst[branch] = state
+        return worst
 
     def end(self, tp: TopicPartition) -> int | None:
         """The end offset of one of the stage's own inputs as of the last poll."""
         return self._ends.get(tp)
 
+    async def _members(self, admin: AIOKafkaAdminClient) -> dict[str, int]:
+        """Live members per upstream group, one DescribeGroups request per group: the embedded
+        broker (Tansu) answers a request naming several groups with a response aiokafka cannot
+        decode. A group not answered is left out: no evidence either way."""
+        members: dict[str, int] = {}
+        for group in sorted({up.group_id for up in self._upstream}):
+            try:
+                members.update(live_members(await admin.describe_consumer_groups([group])))
+            except KafkaError as exc:
+                log.debug("members of %s unknown (%r)", group, exc)
+        return members
+
     async def poll(self, consumer: AIOKafkaConsumer, partitions: Iterable[int]) -> None:
         numbers = sorted(set(partitions))
         try:
             committed: dict[tuple[str, TopicPartition], int | None] = {}
-            for up in self._upstream:
+            if self._admin is not None:
+                self.liveness.observe(await self._members(self._admin))
+            for group, topic in sorted({(up.group_id, up.topic) for up in self._upstream}):
                 assert self._admin is not None
-                tps = [TopicPartition(up.topic, p) for p in numbers]
-                offsets = await self._admin.list_consumer_group_offsets(up.group_id, partitions=tps)
-                committed.update({(up.group_id, tp): (offsets[tp].offset if tp in offsets else None) for tp in tps})
+                tps = [TopicPartition(topic, p) for p in numbers]
+                offsets = await self._admin.list_consumer_group_offsets(group, partitions=tps)
+                committed.update({(group, tp): (offsets[tp].offset if tp in offsets else None) for tp in tps})
             inputs = sorted({tp for _, tp in committed})
             ends = await consumer.end_offsets(inputs) if inputs else {}
             beginning = await consumer.beginning_offsets(inputs) if inputs else {}
@@ -126,6 +235,6 @@ class UpstreamProgress:
             self._ends = dict(await consumer.end_offsets(own)) if own else {}
         except (KafkaError, OSError) as exc:
             log.warning("progress of upstream groups unknown (%r): windows wait", exc)
-            self._behind = None
+            self._states = None
             return
-        self._behind = self._movement.behind(committed, beginning, ends)
+        self._states = branch_states(self._upstream, backlog(committed, beginning, ends), self.liveness.gone, numbers)

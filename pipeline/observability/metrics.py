@@ -125,6 +125,20 @@ class PipelineMetrics:
             "Streams closed without an end chunk: idle, evicted, or failed by the gap policy.",
             "reason",
         )
+        self.upstream_state = gauge(
+            "pipeline_upstream_state",
+            "1 for the state a join's branch (for a sequence stage, its upstream: branch 'input') is in "
+            "on this process's partitions, 0 for the others: behind, caught-up or gone "
+            "(pipeline/kafka/progress.py).",
+            "branch",
+            "state",
+        )
+        self.join_expiries = counter(
+            "pipeline_join_expiries_total",
+            "Join windows closed before every branch arrived, by the rule that closed them: caught-up, "
+            "event-time, gone, max-wait, or evicted (max_open_joins).",
+            "rule",
+        )
         self.stream_gaps = counter(
             "pipeline_stream_gaps_total", "Missing chunks a stream skipped (each marked by a 'gap' result)."
         )

@@ -95,10 +95,12 @@ def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
     assert isinstance(config, SequenceStageConfig)
     post = config.postprocess
     # The settings share their field names with the topology's; only these two differ in type.
-    differ = ("retry", "vad", "checkpoint")
+    differ = ("retry", "vad", "checkpoint", "upstream", "upstream_gone_after_s")
     same = {f.name: getattr(config, f.name) for f in fields(SequenceSettings) if f.name not in differ}
     settings = SequenceSettings(
         **same,
+        upstream=chain_upstream(ctx.topology, config.name),
+        upstream_gone_after_s=config.upstream_gone_after,
         retry=retry_policy(config.retry),
         checkpoint=CheckpointPolicy(**config.checkpoint.model_dump()),
         vad=None if post is None else VadSettings(**post.model_dump(exclude={"kind"})),
@@ -117,14 +119,19 @@ def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
     to_result = node.feeds == "result"
     outputs = ctx.topology.outputs
     same = {name: getattr(node, name) for name in ("name", "branches", "input_topics", "mode", "window_ms")}
+    graph = ctx.topology.graph()
     settings = JoinSettings(
         **same,
         max_open=ctx.topology.max_open_joins,
         to_result=to_result,
         select=tuple(outputs) if to_result and outputs is not None else None,
         upstream=tuple(
-            Upstream(ctx.topology.group_id(stage), topic) for stage, topic in ctx.topology.graph().feeding(node.name)
+            Upstream(ctx.topology.group_id(stage), topic, branch, depth)
+            for branch in node.branches
+            for stage, topic, depth in graph.chain(branch)
         ),
+        branch_gone_after_s=node.branch_gone_after_s,
+        max_wait_s=node.max_wait_s,
     )
     return JoinStage(
         ctx.io,
@@ -133,6 +140,19 @@ def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
     )
+
+
+def chain_upstream(topology: Topology, name: str) -> tuple[Upstream, ...]:
+    """The stages before ``name`` in a chain (their groups and inputs), nearest first: a
+    sequence stage closes a stream as idle only once they are caught up, or gone."""
+    index = [s.name for s in topology.stages].index(name)
+    topics = topology.stage_topics()
+    found: list[Upstream] = []
+    for i in range(index - 1, -1, -1):
+        if topics[i].output != topics[i + 1].input:
+            break  # a stage writing elsewhere does not feed this one
+        found.append(Upstream(topology.group_id(topology.stages[i].name), topics[i].input, "", index - 1 - i))
+    return tuple(found)
 
 
 StageBuilder = Callable[[BuildContext, Stage], StreamStage]

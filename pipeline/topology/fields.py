@@ -20,6 +20,8 @@ _NAME_MAX = 64
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
 _TOPIC_MAX = 249  # Kafka's limit (topic directories are named <topic>-<partition>)
 _VERSION_RE = re.compile(r"(?:[1-9][0-9]*)?")
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _check_name(value: str) -> str:
@@ -51,6 +53,20 @@ def _check_version(value: str) -> str:
     if not _VERSION_RE.fullmatch(value):
         raise ValueError(f'{value!r} is not a model version: use "" (latest) or an integer >= 1')
     return value
+
+
+def _duration_seconds(value: Any) -> Any:
+    """``"90s"``, ``"3m"``, ``"500ms"``, ``"1h"`` -> seconds. A bare number is refused: a
+    field named without its unit must carry it in the value, or ``3`` could mean anything."""
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a duration: give a number and a unit, ms, s, m or h (e.g. '90s', '3m')")
+    match = _DURATION_RE.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a duration: use a number and a unit, ms, s, m or h (e.g. '90s', '3m')")
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"{value!r}: a duration must be longer than zero")
+    return seconds
 
 
 def _empty_to_none(value: Any) -> Any:
@@ -88,6 +104,13 @@ ModelVersion = Annotated[
     ),
 ]
 """``""`` for the latest version Triton serves, else a pinned version number."""
+
+Duration = Annotated[
+    float,
+    BeforeValidator(_duration_seconds),
+    WithJsonSchema({"type": "string", "pattern": f"^{_DURATION_RE.pattern}$"}),
+]
+"""A positive duration with its unit (``"90s"``, ``"3m"``, ``"500ms"``), held in seconds."""
 
 Endpoint = Annotated[str | None, BeforeValidator(_empty_to_none)]
 """An optional ``host:port`` override; null or empty means "from the environment"."""

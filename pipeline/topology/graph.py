@@ -26,6 +26,11 @@ from typing import Literal
 
 JoinMode = Literal["inner", "outer", "any"]
 
+BRANCH_GONE_AFTER_S = 180.0
+"""Default ``branch_gone_after``: no live member in a branch's group this long and it is gone."""
+MAX_WAIT_S = 600.0
+"""Default ``max_wait``: the hard limit on an open join window."""
+
 
 class GraphError(ValueError):
     """An invalid graph; ``step`` names the step the message is about (None: the topology)."""
@@ -45,6 +50,8 @@ class StepSpec:
     output_map: Mapping[str, str]  # model output -> topology tensor
     join_mode: JoinMode = "inner"
     join_window_ms: float = 5000.0
+    join_gone_after_s: float = BRANCH_GONE_AFTER_S
+    join_max_wait_s: float | None = MAX_WAIT_S
 
     @property
     def needs(self) -> set[str]:
@@ -66,6 +73,8 @@ class JoinNode:
     mode: JoinMode
     window_ms: float
     feeds: str  # the step it feeds, or "result"
+    branch_gone_after_s: float = BRANCH_GONE_AFTER_S
+    max_wait_s: float | None = MAX_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -97,22 +106,29 @@ class Graph:
     def feeding(self, join: str) -> list[tuple[str, str]]:
         """``(stage, input topic)`` of every step and join upstream of ``join``: what must
         have finished its input before a branch the join has read to its end is complete."""
-        found: dict[tuple[str, str], None] = {}
-        todo, seen = list(self.joins[join].branches), set()
+        return sorted({(stage, topic) for branch in self.joins[join].branches for stage, topic, _ in self.chain(branch)})
+
+    def chain(self, branch: str) -> list[tuple[str, str, int]]:
+        """``(stage, input topic, depth)`` of ``branch`` (depth 0) and of every step and join
+        upstream of it (depth: hops from the branch, the shortest), nearest first: the
+        groups whose progress decides whether the branch can still deliver."""
+        found: dict[tuple[str, str], int] = {}
+        todo, seen = [(branch, 0)], set()
         while todo:
-            name = todo.pop()
+            name, depth = todo.pop(0)  # breadth first: the shortest depth wins
             if name in seen:
                 continue
             seen.add(name)
             if name in self.steps:
                 step = self.steps[name]
-                found[(name, step.input_topic)] = None
-                todo += step.upstream
+                found.setdefault((name, step.input_topic), depth)
+                todo += [(up, depth + 1) for up in step.upstream]
             else:
                 node = self.joins[name]
-                found.update(dict.fromkeys((name, topic) for topic in node.input_topics))
-                todo += node.branches
-        return sorted(found)
+                for topic in node.input_topics:
+                    found.setdefault((name, topic), depth)
+                todo += [(up, depth + 1) for up in node.branches]
+        return sorted(((stage, topic, depth) for (stage, topic), depth in found.items()), key=lambda f: (f[2], f[0], f[1]))
 
 
 def compile_graph(
@@ -125,6 +141,8 @@ def compile_graph(
     result_topic: str,
     result_join_mode: JoinMode = "inner",
     result_join_window_ms: float = 5000.0,
+    result_join_gone_after_s: float = BRANCH_GONE_AFTER_S,
+    result_join_max_wait_s: float | None = MAX_WAIT_S,
 ) -> Graph:
     """Validate the graph and derive topics and join nodes (see the module docstring)."""
     by_name = {s.name: s for s in steps}
@@ -160,7 +178,7 @@ def compile_graph(
     for up in result_upstream:
         consumers[up] += 1
 
-    def add_join(feeds: str, branches: tuple[str, ...], topic: str, mode: JoinMode, window: float) -> None:
+    def add_join(feeds: str, branches: tuple[str, ...], topic: str, timing: _Timing) -> None:
         """The join of ``branches`` (read from their out topics) for ``feeds``, writing ``topic``."""
         name = f"join-{feeds}"
         graph.joins[name] = JoinNode(
@@ -168,18 +186,20 @@ def compile_graph(
             branches=branches,
             input_topics=tuple(out_topic[b] for b in branches),
             output_topic=topic,
-            mode=mode,
-            window_ms=window,
+            mode=timing[0],
+            window_ms=timing[1],
             feeds=feeds,
+            branch_gone_after_s=timing[2],
+            max_wait_s=timing[3],
         )
 
-    def source_topic(feeds: str, upstream: tuple[str, ...], mode: JoinMode, window: float) -> str:
+    def source_topic(feeds: str, upstream: tuple[str, ...], timing: _Timing) -> str:
         if not upstream:
             return input_topic
         if len(upstream) == 1:
             return out_topic[upstream[0]]
         topic = f"{topology}.join-{feeds}.out"
-        add_join(feeds, upstream, topic, mode, window)
+        add_join(feeds, upstream, topic, timing)
         return topic
 
     # The result needs no node of its own when exactly one step produces every output
@@ -192,7 +212,9 @@ def compile_graph(
         upstream = upstream_of(spec.needs)
         graph.steps[name] = StepNode(
             name=name,
-            input_topic=source_topic(name, upstream, spec.join_mode, spec.join_window_ms),
+            input_topic=source_topic(
+                name, upstream, (spec.join_mode, spec.join_window_ms, spec.join_gone_after_s, spec.join_max_wait_s)
+            ),
             output_topic=result_topic if name == direct_result else out_topic[name],
             upstream=upstream,
             to_result=name == direct_result,
@@ -200,8 +222,13 @@ def compile_graph(
     if direct_result is None:
         if not result_upstream:
             raise GraphError("outputs must include a tensor produced by a step", None, "outputs")
-        add_join("result", result_upstream, result_topic, result_join_mode, result_join_window_ms)
+        timing = (result_join_mode, result_join_window_ms, result_join_gone_after_s, result_join_max_wait_s)
+        add_join("result", result_upstream, result_topic, timing)
     return graph
+
+
+_Timing = tuple[JoinMode, float, float, float | None]
+"""A join's mode, window_ms, branch_gone_after_s and max_wait_s."""
 
 
 def _producers(steps: Sequence[StepSpec], inputs: Sequence[str]) -> dict[str, str | None]:

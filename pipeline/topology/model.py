@@ -36,6 +36,7 @@ from pydantic import (
 from pipeline.topology.checkpoint import CheckpointConfig
 from pipeline.topology.fields import (  # the shared scalar types, re-exported here
     _TOPIC_MAX,
+    Duration,
     Endpoint,
     ModelVersion,
     Name,
@@ -45,7 +46,7 @@ from pipeline.topology.fields import (  # the shared scalar types, re-exported h
     _Strict,
 )
 from pipeline.topology.fusion import FusedChain, FusionError, check_chains, fuse_steps, fused_stage, interface
-from pipeline.topology.graph import Graph, GraphError, StepSpec, compile_graph
+from pipeline.topology.graph import BRANCH_GONE_AFTER_S, MAX_WAIT_S, Graph, GraphError, StepSpec, compile_graph
 from pipeline.topology.lanes import Lane, LaneConfig, lane_problem, resolve_lanes
 from pipeline.topology.padding import PaddingConfig
 from pipeline.topology.routes import RouteBy, RouteConfig, ShadowConfig, check_routes, shadow_topic
@@ -155,7 +156,27 @@ class JoinConfig(_Strict):
     outer: emit what arrived when the window closes, marked partial with the missing branches;
     any: the first branch to arrive wins."""
     window_ms: PositiveFloat = 5000.0
-    """How long after the first branch arrives the others may come."""
+    """How long after the first branch arrives the others may come (event time)."""
+    branch_gone_after: Duration = Field(default=BRANCH_GONE_AFTER_S, json_schema_extra={"default": "3m"})
+    """A missing branch whose consumer group (or one upstream of it) has had no live member
+    this long is gone: its windows close (rule ``gone``). Until then a branch that is only
+    behind (a backlog, a rejoin, a rolling deploy) holds them, however long since it
+    committed. E.g. "3m" (the default)."""
+    max_wait: Duration | None = Field(default=MAX_WAIT_S, json_schema_extra={"default": "10m"})
+    """The hard limit on an open window, from when the join first held it (rule ``max-wait``):
+    what a branch that is alive but stuck costs at most. Shorter dead-letters requests during
+    long backlogs; null waits for ever (``max_open_joins`` still bounds memory). E.g. "10m"
+    (the default)."""
+
+    @model_validator(mode="after")
+    def _check_max_wait(self) -> JoinConfig:
+        if self.max_wait is not None and self.max_wait * 1000 < self.window_ms:
+            raise _located(
+                f"max_wait ({self.max_wait:g} s) is shorter than window_ms ({self.window_ms:g} ms): "
+                "every window would close on it",
+                ("max_wait",),
+            )
+        return self
 
 
 class _StageBase(_Strict):
@@ -291,6 +312,9 @@ class SequenceStageConfig(_StageBase):
     idle_timeout_s: PositiveFloat | None = None
     """A stream with no chunk for this long is closed (summary with reason "idle");
     null = the model's max_sequence_idle_microseconds."""
+    upstream_gone_after: Duration = Field(default=BRANCH_GONE_AFTER_S, json_schema_extra={"default": "3m"})
+    """Idle is judged in event time, and only once the stages before this one are caught
+    up, or gone: no live member in their consumer group this long. E.g. "3m" (the default)."""
     max_inflight_requests: PositiveInt = 64
     """Triton calls in flight at once (one per stream at most)."""
     reorder_window: PositiveInt = 16
@@ -402,7 +426,9 @@ class Topology(_Strict):
     def step_specs(self) -> list[StepSpec]:
         """The unfused graph steps: each stateless stage's name and tensor maps."""
         return [
-            StepSpec(s.name, s.input_map, s.output_map, s.join.mode, s.join.window_ms)
+            StepSpec(
+                s.name, s.input_map, s.output_map, s.join.mode, s.join.window_ms, s.join.branch_gone_after, s.join.max_wait
+            )
             for s in self.stages
             if isinstance(s, StatelessStageConfig)
         ]
@@ -419,6 +445,8 @@ class Topology(_Strict):
             result_topic=self.result_topic,
             result_join_mode=self.result_join.mode,
             result_join_window_ms=self.result_join.window_ms,
+            result_join_gone_after_s=self.result_join.branch_gone_after,
+            result_join_max_wait_s=self.result_join.max_wait,
         )
 
     def _check_graph(self) -> None:

@@ -90,11 +90,13 @@ def write_ensemble_topology(
     mode: str = "inner",
     window_ms: float = 5000,
     fuse: list[dict[str, Any]] | None = None,
+    **join_settings: Any,
 ) -> TopologyFiles:
     """A private copy of ``topologies/ensemble.yaml`` (fan-out, two branches, a result join);
-    ``fuse``: its ``fuse:`` entries (none by default)."""
+    ``fuse``: its ``fuse:`` entries (none by default); ``join_settings``: more of the result
+    join's settings (``branch_gone_after``, ``max_wait``)."""
     ensemble = yaml.safe_load(ENSEMBLE_YAML.read_text())
-    join = {"mode": mode, "window_ms": window_ms}
+    join = {"mode": mode, "window_ms": window_ms, **join_settings}
     extra: dict[str, Any] = {"inputs": ensemble["inputs"], "outputs": ensemble["outputs"], "result_join": join}
     if fuse:
         extra["fuse"] = fuse

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.failure_policy import RetryPolicy
+from pipeline.kafka.progress import DEFAULT_GONE_AFTER_S, Upstream
 from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
 
@@ -43,3 +44,7 @@ class SequenceSettings:
     """The ``vad_segments`` post-processor's settings; None: chunk results only."""
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     """How many applied chunks one checkpoint of a stream covers (``checkpoints.checkpoint_due``)."""
+    upstream: tuple[Upstream, ...] = ()
+    """The stages before this one in the chain: a stream is idle only once they are caught up or gone."""
+    upstream_gone_after_s: float = DEFAULT_GONE_AFTER_S
+    """No live member in an upstream group this long: it is gone."""

@@ -33,12 +33,12 @@ from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.failure_policy import GaveUp
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
+from pipeline.kafka.progress import UpstreamProgress
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_span
 from pipeline.settings import KafkaSettings, TritonSettings
 from workers.base import StageIO
-from workers.event_time import EventTimeClock
 from workers.sequence.checkpoints import close_pending, complete_chunk
 from workers.sequence.chunks import CHUNK_INDEX, Chunk, Placement, parse_chunk, placement
 from workers.sequence.model import SequenceModel
@@ -48,6 +48,7 @@ from workers.sequence.settings import SequenceSettings
 from workers.sequence.state import StreamState, StreamStateCodec, frame
 from workers.sequence.streams import SKIP_GAP, Stream, StreamTable
 from workers.stateful import StatefulStage
+from workers.upstream import watched_clock
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,10 @@ class SequenceStage(StatefulStage):
         self.states = self.keyed_state(
             state_topic, StreamStateCodec(), ttl_s=self.idle_timeout_s, max_keys=settings.max_streams
         )
-        self.clock = EventTimeClock(self.highwater, grace_ms=self.idle_timeout_s * 1000, fetched_at=self.fetched_at)
+        progress = UpstreamProgress(kafka, settings.upstream, [io.input_topic], gone_after_s=settings.upstream_gone_after_s)
+        self.upstream, self.clock = watched_clock(  # idle only once the stages before are caught up or gone
+            progress, self.highwater, stage=io.stage, metrics=metrics, grace_ms=self.idle_timeout_s * 1000, fetched_at=self.fetched_at
+        )
         self.max_samples = int(settings.sample_rate * settings.max_chunk_seconds)
         self.post: PostProcessor = NoPostProcessing()
         self.results = ResultWriter(io, model_name=settings.model)
@@ -94,6 +98,7 @@ class SequenceStage(StatefulStage):
     # ------------------------------------------------------------------ setup
     async def setup(self) -> None:
         d = await self.model.setup(self.io.stage)
+        await self.upstream.start()
         if self.settings.idle_timeout_s is None:
             idle_us = d.sequence_batching.max_sequence_idle_microseconds if d.sequence_batching else 0
             self.idle_timeout_s = self.states.limits.ttl_s = idle_us / 1e6 if idle_us else 60.0
@@ -109,6 +114,7 @@ class SequenceStage(StatefulStage):
         )
 
     async def teardown(self) -> None:
+        await self.upstream.stop()
         await self.model.close()
 
     # ------------------------------------------------------------------ ownership
@@ -233,8 +239,10 @@ class SequenceStage(StatefulStage):
             return
         self._last_sweep = now
         self.clock.watch(self._owned)
+        if self.settings.upstream and len(self.states):
+            await self.upstream.poll(self._consumer, self._owned)
         for stream in self.streams:
-            await self._check_gap(stream, now)
+            await check_gap(self, stream, now)
         for entry in self.states.due(now):
             holder = self.streams.get(entry.key)
             if holder is not None and (holder.busy or holder.waiting):
@@ -250,22 +258,6 @@ class SequenceStage(StatefulStage):
     def _quiet_s(self, last_ms: int, partition: int) -> float:
         """Event time since a stream's last chunk (a partition with a backlog does not age it)."""
         return self.clock.since_s(last_ms, [TopicPartition(self.io.input_topic, partition)])
-
-    async def _check_gap(self, stream: Stream, now: float) -> None:
-        if not stream.waiting or stream.busy:
-            return
-        if now - min(c.arrived for c in stream.waiting.values()) <= self.settings.gap_timeout_s:
-            return
-        if self.settings.gap_policy == "skip":
-            self.streams.enqueue(stream, SKIP_GAP)
-            return
-        state = self.states.get(stream.handle.key)
-        expected = state.next_index if state else 0
-        for chunk in stream.waiting.values():
-            self._reject(chunk, f"chunk {chunk.index} waited {self.settings.gap_timeout_s:.0f}s for missing chunk {expected}")
-        stream.waiting.clear()
-        if state is not None:
-            await self._close_stream(stream.handle.key, state, "gap")
 
     async def _close_stream(self, key: bytes, state: StreamState, reason: str) -> None:
         """Closed without an end chunk (idle, evicted, failed by a gap): closing results,
@@ -306,3 +298,21 @@ class SequenceStage(StatefulStage):
         tasks = self.streams.running(None if partitions is None else set(partitions))
         if tasks:
             await asyncio.wait(tasks, timeout=self.io.drain_timeout_s)
+
+
+async def check_gap(stage: SequenceStage, stream: Stream, now: float) -> None:
+    """Apply the gap policy to a stream whose first waiting chunk has waited ``gap_timeout_s``
+    (a function of the stage, kept outside the class to keep it readable)."""
+    settings = stage.settings
+    if not stream.waiting or stream.busy or now - min(c.arrived for c in stream.waiting.values()) <= settings.gap_timeout_s:
+        return
+    if settings.gap_policy == "skip":
+        stage.streams.enqueue(stream, SKIP_GAP)
+        return
+    state = stage.states.get(stream.handle.key)
+    expected = state.next_index if state else 0
+    for chunk in stream.waiting.values():
+        stage._reject(chunk, f"chunk {chunk.index} waited {settings.gap_timeout_s:.0f}s for missing chunk {expected}")
+    stream.waiting.clear()
+    if state is not None:
+        await stage._close_stream(stream.handle.key, state, "gap")

@@ -23,6 +23,13 @@ PENDING = "pipeline_pending_requests"
 BATCH = "pipeline_batch_size"
 TRITON = "pipeline_triton_request_duration_seconds"
 LATENCY = "pipeline_end_to_end_latency_seconds"
+UPSTREAM_STATE = "pipeline_upstream_state"
+_STATE_ORDER = ("caught-up", "behind", "gone")
+"""A join's branch over several processes: the worst state any of them sees."""
+
+
+def _worse(a: str | None, b: str) -> str:
+    return b if a is None or _STATE_ORDER.index(b) > _STATE_ORDER.index(a) else a
 
 
 @dataclass(frozen=True)
@@ -54,11 +61,16 @@ class StageTotals:
     batch: Mean = field(default_factory=Mean)
     triton: Mean = field(default_factory=Mean)
     latency: Buckets = field(default_factory=Buckets)
+    branches: dict[str, str] = field(default_factory=dict)
+    """A join's branches (a sequence stage's upstream: "input") -> behind, caught-up or gone."""
 
     def __add__(self, other: StageTotals) -> StageTotals:
         dead: dict[str, float] = defaultdict(float, self.dead_letters)
         for error_class, count in other.dead_letters.items():
             dead[error_class] += count
+        branches = dict(self.branches)
+        for branch, state in other.branches.items():
+            branches[branch] = _worse(branches.get(branch), state)
         return StageTotals(
             requests=self.requests + other.requests,
             results=self.results + other.results,
@@ -68,6 +80,7 @@ class StageTotals:
             batch=self.batch + other.batch,
             triton=self.triton + other.triton,
             latency=self.latency + other.latency,
+            branches=branches,
         )
 
     def minus(self, earlier: StageTotals) -> StageTotals:
@@ -81,6 +94,7 @@ class StageTotals:
             batch=self.batch.minus(earlier.batch),
             triton=self.triton.minus(earlier.triton),
             latency=self.latency.minus(earlier.latency),
+            branches=self.branches,
         )
 
     def went_back(self, earlier: StageTotals) -> bool:
@@ -107,9 +121,13 @@ class _Acc:
     scalars: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     dead_letters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     latency: list[tuple[float, float]] = field(default_factory=list)
+    branches: dict[str, str] = field(default_factory=dict)
 
     def add(self, name: str, labels: dict[str, str], value: float) -> None:
-        if name == DEAD_LETTERS:
+        if name == UPSTREAM_STATE:
+            if value >= 1 and labels.get("state") in _STATE_ORDER:
+                self.branches[labels.get("branch", "?")] = labels["state"]
+        elif name == DEAD_LETTERS:
             self.dead_letters[labels.get("error_class", "?")] += value
         elif name == f"{LATENCY}_bucket":
             self.latency.append((float(labels.get("le", "+Inf")), value))
@@ -127,4 +145,5 @@ class _Acc:
             batch=Mean(s[f"{BATCH}_sum"], s[f"{BATCH}_count"]),
             triton=Mean(s[f"{TRITON}_sum"], s[f"{TRITON}_count"]),
             latency=Buckets.from_pairs(self.latency),
+            branches=dict(self.branches),
         )

@@ -62,8 +62,9 @@ def _cells(row: StageRow) -> tuple[str, ...]:
     t = row.totals
     dead = sum(t.dead_letters.values())
     classes = ", ".join(f"{name} {_count(n)}" for name, n in sorted(t.dead_letters.items()) if n)
+    branches = ", ".join(f"{b} {state}" for b, state in sorted(t.branches.items()))
     return (
-        row.stage,
+        row.stage + (f" [{branches}]" if branches else ""),  # a join's branches: behind / caught-up / gone
         str(row.processes),
         "-" if row.rate is None else f"{row.rate:,.1f}",
         _count(t.requests),

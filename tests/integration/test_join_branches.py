@@ -1,0 +1,88 @@
+"""Issue 28 on the real stack: a join judges its branches by progress, never by a clock.
+
+- A branch stage restarted into its group (a slow rejoin: on the embedded broker the new
+  member waits for the old one's session) while a backlog is waiting: the join holds
+  every window until the branch delivers, 0 expired.
+- A branch whose stage is gone (its group has no live member) still gets its windows
+  expired, only after ``branch_gone_after``, and the dead letters name the rule.
+
+The embedded broker (Tansu) keeps a stopped member listed in DescribeGroups, so "gone"
+is staged here as a branch stage that is not running at all (its group never had a
+member); on Apache Kafka a stage stopped for good leaves its group and reads the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.contract.records import Record, read_dead_letter
+from pipeline.contract.request import encode_request
+from tests.helpers.dense_reference import random_features
+from tests.helpers.kafka_io import collect, produce
+from tests.helpers.topology_process import (
+    PipelineProcess,
+    collect_outputs,
+    distinct_keys,
+    pipeline_process,
+    write_ensemble_topology,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+
+ALL_BUT_SCORE = ["normalise", "classify", "join-result"]
+
+
+def _requests(n: int, prefix: str) -> list[Record]:
+    raw = random_features(n, 28)
+    return [encode_request({"raw": raw[i : i + 1]}, correlation_id=f"{prefix}-{i}") for i in range(n)]
+
+
+def test_a_branch_restarted_into_its_group_during_a_backlog_expires_nothing(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    n = 2000
+    topo = write_ensemble_topology(tmp_path, window_ms=1000)
+    with pipeline_process(topo, cli_env, tmp_path, stage=ALL_BUT_SCORE) as main:
+        first = PipelineProcess(topo, cli_env, tmp_path / "score-1.log", stage="score").start()
+        assert first.terminate() == 0, first.log()  # its member stays listed: the next one's join is slow
+        started = time.monotonic()
+        asyncio.run(produce(kafka_bootstrap, topo.input_topic, _requests(n, "rejoin")))
+        with pipeline_process(topo, cli_env, tmp_path, stage="score") as score:
+            rejoined_s = time.monotonic() - started
+            out = collect_outputs(kafka_bootstrap, topo, distinct_keys(n), timeout=120)
+            assert score.metric("pipeline_results_total") > 0
+        expired = main.metric("pipeline_join_expiries_total")
+        behind_seen = main.metric("pipeline_upstream_state", branch="score", state="behind")
+        assert main.terminate() == 0, main.log()
+    dead = out.on(topo.dead_letter_topic)
+    assert dead == [], [read_dead_letter(d.headers).reason for d in dead[:3]]
+    assert expired == 0
+    assert len({r.key for r in out.on(topo.result_topic)}) == n
+    print(f"rejoin during a backlog: score ready after {rejoined_s:.1f} s, {n} joined, 0 expired (gauge now behind={behind_seen:g})")
+
+
+def test_a_branch_that_is_gone_has_its_windows_expired_after_branch_gone_after(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    n, gone_after_s = 20, 6.0
+    topo = write_ensemble_topology(tmp_path, window_ms=1000, branch_gone_after=f"{gone_after_s:g}s")
+    with pipeline_process(topo, cli_env, tmp_path, stage=ALL_BUT_SCORE) as main:
+        started_ms = int(time.time() * 1000)
+        asyncio.run(produce(kafka_bootstrap, topo.input_topic, _requests(n, "gone")))
+        out = asyncio.run(collect(kafka_bootstrap, [topo.dead_letter_topic], done=lambda rs: len(rs) >= n, timeout=60))
+        gauge: dict[str, Any] = {s: main.metric("pipeline_upstream_state", branch="score", state=s) for s in ("gone", "behind")}
+        expired = main.metric("pipeline_join_expiries_total", rule="gone")
+        assert main.terminate() == 0, main.log()
+        reasons = [read_dead_letter(r.headers).reason for r in out.records]
+        assert len(reasons) == n, main.log()
+    assert all(
+        "missing score (have classify); rule: score gone (its group had no live member for 6 s)" in r for r in reasons
+    ), reasons[:3]
+    first_ms = min(r.timestamp for r in out.records)
+    assert first_ms - started_ms >= gone_after_s * 1000, "no window closed before branch_gone_after"
+    assert expired == n and gauge == {"gone": 1.0, "behind": 0.0}

@@ -1,0 +1,88 @@
+"""A stage's watch on the groups upstream of it: polled while it has something to decide.
+
+A join asks whether a missing branch can still deliver; a sequence stage whether a quiet
+stream's next chunk can still come from the stage before it. Both ask the same
+:class:`~pipeline.kafka.progress.UpstreamProgress` (behind until proven caught up or
+gone), on the same cadence, and publish the same gauge, so an operator reads one rule
+for both (docs/streaming.md, "Behind until proven gone").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from pipeline.kafka.progress import BranchState, UpstreamProgress
+from pipeline.observability.metrics import PipelineMetrics
+from workers.event_time import LATE_GRACE_MS, EventTimeClock, FetchedAt, HighWater
+
+POLL_S = 0.5
+"""How often, while there is something to decide, the upstream groups are asked."""
+
+
+class UpstreamWatch:
+    """Polls ``progress`` at most every ``every_s`` and keeps ``pipeline_upstream_state``."""
+
+    def __init__(
+        self,
+        progress: UpstreamProgress,
+        *,
+        stage: str,
+        metrics: PipelineMetrics,
+        every_s: float = POLL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.progress = progress
+        self.stage = stage
+        self.metrics = metrics
+        self.every_s = every_s
+        self.clock = clock
+        self._last_poll: float | None = None
+
+    async def start(self) -> None:
+        await self.progress.start()
+
+    async def stop(self) -> None:
+        await self.progress.stop()
+
+    def state(self, branch: str, tp: TopicPartition) -> BranchState:
+        return self.progress.state(branch, tp.partition)
+
+    async def poll(self, consumer: AIOKafkaConsumer | None, partitions: Iterable[TopicPartition]) -> None:
+        """Ask the broker again when ``every_s`` has passed since the last time."""
+        now = self.clock()
+        if consumer is None or (self._last_poll is not None and now - self._last_poll < self.every_s):
+            return
+        self._last_poll = now
+        await self.progress.poll(consumer, {tp.partition for tp in partitions})
+        self.publish()
+
+    def publish(self) -> None:
+        for branch, state in self.progress.summary().items():
+            label = branch or "input"
+            for each in BranchState:
+                self.metrics.upstream_state.labels(self.stage, label, each.value).set(1 if each is state else 0)
+
+
+def watched_clock(
+    progress: UpstreamProgress,
+    highwater: HighWater,
+    *,
+    stage: str,
+    metrics: PipelineMetrics,
+    grace_ms: float,
+    fetched_at: FetchedAt,
+    branch_of: Callable[[TopicPartition], str] = lambda _tp: "",
+) -> tuple[UpstreamWatch, EventTimeClock]:
+    """The watch on ``progress`` and an event-time clock whose partitions are behind while
+    the branch writing them (``branch_of``) is: the one rule joins and sequence stages share.
+    Without upstream groups the clock judges the stage's own reading alone."""
+    watch = UpstreamWatch(progress, stage=stage, metrics=metrics)
+    behind = (lambda tp: progress.behind(branch_of(tp), tp.partition)) if progress.branches else None
+    clock = EventTimeClock(
+        highwater, grace_ms=grace_ms, fetched_at=fetched_at, upstream_behind=behind, late_grace_ms=LATE_GRACE_MS
+    )
+    return watch, clock
