@@ -86,3 +86,48 @@ def test_a_branch_that_is_gone_has_its_windows_expired_after_branch_gone_after(
     first_ms = min(r.timestamp for r in out.records)
     assert first_ms - started_ms >= gone_after_s * 1000, "no window closed before branch_gone_after"
     assert expired == n and gauge == {"gone": 1.0, "behind": 0.0}
+
+
+async def test_a_partitions_end_is_read_from_a_fetch_answer_where_list_offsets_answers_short(kafka_bootstrap: str) -> None:
+    """Tansu 0.6 answers ListOffsets below the end of its log, even on a topic nobody writes
+    any more; the progress poll reads the ends a fetch reports, so no group looks caught up
+    with records left (the backlog test's expired windows)."""
+    import uuid
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.structs import TopicPartition
+
+    from pipeline.kafka.progress import fetched_ends
+
+    topic = f"ends-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 4, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, b"x" * 300, key=str(i).encode()) for i in range(20_000)]
+        acked: dict[int, int] = {}
+        for metadata in await asyncio.gather(*sent):
+            acked[metadata.partition] = max(acked.get(metadata.partition, 0), metadata.offset + 1)
+    finally:
+        await producer.stop()
+    tps = [TopicPartition(topic, p) for p in range(4)]
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    client = AIOKafkaClient(bootstrap_servers=kafka_bootstrap)
+    await consumer.start()
+    await client.bootstrap()
+    try:
+        listed = await consumer.end_offsets(tps)
+        ends = await fetched_ends(client, listed)
+    finally:
+        await consumer.stop()
+        await client.close()
+    short = {tp.partition: acked[tp.partition] - listed[tp] for tp in tps if listed[tp] < acked[tp.partition]}
+    print(f"\nListOffsets short of the acknowledged end by {short or 'nothing'} records")
+    assert {tp.partition: ends[tp] for tp in tps} == acked
