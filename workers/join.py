@@ -335,7 +335,7 @@ class JoinStage(StatefulStage):
         self._last_sweep = now
         self.clock.watch(self._owned)
         if self.node.upstream and any(not entry.state.done for entry in self.states):
-            await self.upstream.poll(self._consumer, self._owned)
+            self.upstream.poll(self._consumer, self._owned)
         judged: dict[tuple[str, int], Judged] = {}  # one look per branch partition and sweep
         out: list[OutRecord] = []
         for entry in self.states:

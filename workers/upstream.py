@@ -9,6 +9,8 @@ for both (docs/streaming.md, "Behind until proven gone").
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable
 
@@ -18,6 +20,8 @@ from aiokafka.structs import TopicPartition
 from pipeline.kafka.progress import BranchState, UpstreamProgress
 from pipeline.observability.metrics import PipelineMetrics
 from workers.event_time import LATE_GRACE_MS, EventTimeClock, FetchedAt, HighWater
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 """How often, while there is something to decide, the upstream groups are asked."""
@@ -41,23 +45,46 @@ class UpstreamWatch:
         self.every_s = every_s
         self.clock = clock
         self._last_poll: float | None = None
+        self._polling: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.progress.start()
 
     async def stop(self) -> None:
+        if self._polling is not None:
+            self._polling.cancel()
+            await asyncio.gather(self._polling, return_exceptions=True)
+            self._polling = None
         await self.progress.stop()
 
     def state(self, branch: str, tp: TopicPartition) -> BranchState:
         return self.progress.state(branch, tp.partition)
 
-    async def poll(self, consumer: AIOKafkaConsumer | None, partitions: Iterable[TopicPartition]) -> None:
-        """Ask the broker again when ``every_s`` has passed since the last time."""
+    def poll(self, consumer: AIOKafkaConsumer | None, partitions: Iterable[TopicPartition]) -> None:
+        """Ask the broker again, in the background, when ``every_s`` has passed since the last
+        poll began and it has answered. A poll is six or more round trips to the broker
+        (memberships, commits, ends, the fetches past a short listed end): awaited in the
+        stage's sweep it held every record behind it, each half second. Until it answers,
+        the states of the poll before stand (or "behind", before the first one)."""
         now = self.clock()
-        if consumer is None or (self._last_poll is not None and now - self._last_poll < self.every_s):
+        if consumer is None or (self._polling is not None and not self._polling.done()):
+            return
+        if self._last_poll is not None and now - self._last_poll < self.every_s:
             return
         self._last_poll = now
-        await self.progress.poll(consumer, {tp.partition for tp in partitions})
+        self._polling = asyncio.get_running_loop().create_task(self._poll(consumer, {tp.partition for tp in partitions}))
+
+    async def settled(self) -> None:
+        """Until the poll in flight, if any, has answered (tests, and a stage that must decide now)."""
+        if self._polling is not None:
+            await asyncio.gather(self._polling, return_exceptions=True)
+
+    async def _poll(self, consumer: AIOKafkaConsumer, numbers: set[int]) -> None:
+        try:
+            await self.progress.poll(consumer, numbers)
+        except Exception:  # a background task: its error must be seen, and the states stand
+            log.exception("%s: polling the upstream groups failed", self.stage)
+            return
         self.publish()
 
     def publish(self) -> None:

@@ -240,7 +240,7 @@ class SequenceStage(StatefulStage):
         self._last_sweep = now
         self.clock.watch(self._owned)
         if self.settings.upstream and len(self.states):
-            await self.upstream.poll(self._consumer, self._owned)
+            self.upstream.poll(self._consumer, self._owned)
         for stream in self.streams:
             await check_gap(self, stream, now)
         for entry in self.states.due(now):
