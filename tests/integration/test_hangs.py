@@ -177,7 +177,11 @@ def test_sigterm_while_triton_hangs_exits_within_bound_and_the_next_owner_finish
         tp.collect_outputs(kafka_bootstrap, topo, tp.distinct_keys(n // 2), timeout=60)
         with hung(own_triton):
             asyncio.run(produce(kafka_bootstrap, topo.input_topic, records[n // 2 :]))
-            time.sleep(CALL_TIMEOUT_S + 2)  # batches now wait in the outage loop
+            # Batches now wait in the outage loop: a call timed out and was retried (on a busy
+            # machine the records may take a while to be fetched and sent, so wait for it).
+            deadline = time.monotonic() + CALL_TIMEOUT_S + 30
+            while worker.metric("pipeline_triton_retries_total") <= 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
             assert worker.metric("pipeline_triton_retries_total") > 0, worker.log()
             stopped = time.monotonic()
             code = worker.terminate(timeout=60)
