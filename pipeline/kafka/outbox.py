@@ -10,6 +10,9 @@ before the acknowledgement replays the record; nothing is committed early.
 With a ``fence`` (:mod:`pipeline.kafka.membership`), nothing is produced or committed
 while the worker's group membership is unconfirmed (a resumed zombie): outputs wait,
 and those of partitions handed back meanwhile are dropped, for their new owner redoes them.
+
+How one output leaves (its reply topic; rewritten and sent again when the broker refuses it)
+is :mod:`pipeline.kafka.output_sender`; when offsets may go to the broker, :mod:`pipeline.kafka.commits`.
 """
 
 from __future__ import annotations
@@ -19,49 +22,35 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, MessageSizeTooLargeError
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from pipeline.contract.headers import Headers
 from pipeline.kafka.after_acks import AfterAcks
 from pipeline.kafka.checkpoint_group import CheckpointGroup, CheckpointGroups
+from pipeline.kafka.commits import commit_acknowledged
 from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
 from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
+from pipeline.kafka.out_record import Outputs, OutRecord, OversizeHandler, ReplyRouting
+from pipeline.kafka.output_sender import OutputSender, send_record
 from pipeline.kafka.record_batches import RecordBatches
+
+# The outbox's vocabulary (out_record.py) and send_record (output_sender.py): imported from here.
+__all__ = [
+    "OnAcknowledged",
+    "OutRecord",
+    "Outbox",
+    "Outputs",
+    "OversizeHandler",
+    "ReplyRouting",
+    "SlotTracer",
+    "send_record",
+]
 
 log = logging.getLogger(__name__)
 
-
-
-@dataclass(frozen=True)
-class OutRecord:
-    """One record a consumed record turns into (a result, a dead letter, a checkpoint)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    dead_letter: bool = False
-    error_class: str | None = None
-    request_timestamp_ms: int | None = None
-    partition: int | None = None  # None: the producer's partitioner picks by key
-    after_acks: bool = False
-    """Send only once every earlier output of the same partition line is acknowledged
-    (a state checkpoint must never be visible before the results it accounts for)."""
-    counts_as_result: bool = True  # metrics: checkpoints are not results
-    timestamp_ms: int | None = None
-    """The record's timestamp; None: the producer's clock. A message for a next stage keeps
-    its input's, so every stage of a topology sees the request's event time."""
-    unrouted: tuple[str, int | None] | None = None
-    """Set on a result sent to its reply topic: the topic and partition it was bound for."""
-
-
-Outputs = tuple[OutRecord, ...]
 OnAcknowledged = Callable[[OutRecord], None]
 
 
@@ -69,36 +58,6 @@ class SlotTracer(Protocol):
     """Starts a consumed record's trace (``pipeline.observability.record_trace.RecordTracer``)."""
 
     def consumed(self, record: Any) -> SlotTrace[Outputs]: ...
-
-
-class OversizeHandler(Protocol):
-    """What the outbox does with outputs too large for their topic (a claim check:
-    :class:`pipeline.deadletter.oversize.OversizeOutputs`)."""
-
-    def too_large(self, out: OutRecord) -> bool: ...
-
-    async def replace(self, out: OutRecord, slot: Slot[Outputs], index: int) -> OutRecord: ...
-
-    async def replace_all(self, slot: Slot[Outputs], outputs: Outputs, which: Callable[[OutRecord], bool]) -> Outputs:
-        """``outputs`` with those ``which`` selects replaced by claim-check dead letters."""
-        ...
-
-
-class ReplyRouting(Protocol):
-    """Where a result asking for a reply topic goes (:class:`pipeline.kafka.replies.ReplyRouter`)."""
-
-    async def route(self, out: OutRecord) -> OutRecord: ...
-
-    async def unroute(self, outputs: Outputs) -> Outputs: ...
-
-
-async def send_record(producer: AIOKafkaProducer, out: OutRecord) -> asyncio.Future[Any]:
-    """Hand ``out`` to the producer; returns its delivery future."""
-    fut: asyncio.Future[Any] = await producer.send(
-        out.topic, value=out.value, key=out.key, headers=out.headers, partition=out.partition,
-        timestamp_ms=out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None,
-    )
-    return fut
 
 
 class Outbox:
@@ -119,19 +78,19 @@ class Outbox:
         # Plain outputs into one open record batch per destination partition (else a send() each).
         self._batches = RecordBatches(producer, self._batch_delivered, self._batch_sent) if batch_sends else None
         self._emitting = asyncio.Lock()
-        self._replies = replies
         self._fence = LineFence(fence)
         self._oversize = oversize
         self._claiming: dict[Slot[Outputs], asyncio.Task[None]] = {}  # oversized outputs in the S3 store
-        self._resent: set[Slot[Outputs]] = set()
         self._consumer = consumer
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
         self._delivery: set[asyncio.Future[Any]] = set()
-        self._send_record = functools.partial(send_record, producer)
-        self._after_acks = AfterAcks(self._send, self._fence, self._send_record)
+        # How each output leaves: its reply topic, claim checks and the resend of refused ones.
+        self._sender = OutputSender(
+            producer, oversize=oversize, replies=replies, delivery=self._delivery, delivered=self._delivered
+        )
+        self._after_acks = AfterAcks(self._sender.send, self._fence, self._sender.send_record)
         self.groups = CheckpointGroups(self._acknowledge, self._after_acks, self._delivery)  # coalesced checkpoints
-        self._senders: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
 
@@ -212,15 +171,11 @@ class Outbox:
     async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
         """Append the slot's output to its partition's batch when it is one plain record
         (routed to its reply topic, if any, either way)."""
+        await self._sender.route(slot)
         assert slot.output is not None
         if len(slot.output) != 1 or slot.output[0].after_acks:
-            slot.output = await self._route_all(slot.output)
             return False
-        out = slot.output[0]
-        if self._replies is not None:
-            out = await self._replies.route(out)
-            slot.output = (out,)
-        return await batches.add(out, slot)
+        return await batches.add(slot.output[0], slot)
 
     def _batch_sent(self, delivery: asyncio.Future[Any]) -> None:
         self._delivery.add(delivery)
@@ -230,18 +185,13 @@ class Outbox:
         for slot in slots:
             self._settle(slot, exc)
 
-    async def _route_all(self, outputs: Outputs) -> Outputs:
-        if self._replies is None:
-            return outputs
-        return tuple([await self._replies.route(out) for out in outputs])
-
     async def _emit_alone(self, slot: Slot[Outputs], *, routed: bool = False) -> None:
         """Hand the slot's outputs to the producer one by one (after-acks ones once the rest
         are acknowledged); the slot is acknowledged when all are."""
         assert slot.output is not None
         split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
         now, later = slot.output[:split], slot.output[split:]
-        sent = [await self._send(out, slot, i, routed=routed) for i, out in enumerate(now)]
+        sent = [await self._sender.send(out, slot, i, routed=routed) for i, out in enumerate(now)]
         done: asyncio.Future[Any]
         if later:
             done = self._after_acks.send(slot, [*sent, *self.groups.covered(slot)], split)  # in slot order
@@ -254,30 +204,6 @@ class Outbox:
         self._delivery.add(done)
         done.add_done_callback(functools.partial(self._delivered, slot=slot))
 
-    async def _send(self, out: OutRecord, slot: Slot[Outputs], index: int, *, routed: bool = False) -> asyncio.Future[Any]:
-        """Hand ``slot.output[index]`` to the producer (at its reply topic when it asks for an
-        allowed one, unless ``routed`` already); one it refuses as too large: claim check."""
-        if self._replies is not None and not routed:
-            moved = await self._replies.route(out)
-            if moved is not out:
-                assert slot.output is not None
-                slot.output = (*slot.output[:index], moved, *slot.output[index + 1 :])
-                out = moved
-        try:
-            return await self._send_record(out)
-        except MessageSizeTooLargeError as exc:
-            if self._oversize is None or not (out.dead_letter or out.counts_as_result):
-                raise
-            log.warning("output for %s@%d too large to send (%s): claim check", slot.tp, slot.offset, exc)
-            out = await self._oversize.replace(out, slot, index)
-        except KafkaError:
-            if out.unrouted is None or self._replies is None:
-                raise
-            (out,) = await self._replies.unroute((out,))  # its reply topic is gone: the result topic
-        assert slot.output is not None
-        slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
-        return await self._send_record(out)
-
     def _delivered(self, fut: asyncio.Future[Any], slot: Slot[Outputs]) -> None:
         self._delivery.discard(fut)
         if not fut.cancelled():
@@ -285,14 +211,8 @@ class Outbox:
 
     def _settle(self, slot: Slot[Outputs], exc: BaseException | None) -> None:
         """The broker took the slot's outputs (``exc`` None) or refused them."""
-        again = self._again(exc, slot) if exc is not None and slot not in self._resent else None
-        if again is not None:
-            self._resent.add(slot)
-            task = asyncio.create_task(self._resend(slot, again))
-            self._senders.add(task)
-            task.add_done_callback(self._senders.discard)
-            return
-        self._resent.discard(slot)
+        if self._sender.resend(slot, exc):
+            return  # sent once more, rewritten: settled again by that delivery
         if exc is not None:
             # aiokafka already retried; an undeliverable output must not be committed past.
             log.error("output for %s@%d not delivered: %s", slot.tp, slot.offset, exc)
@@ -300,32 +220,6 @@ class Outbox:
             self.groups.failed(slot, exc)
             return
         self.groups.acknowledge(slot)
-
-    def _again(self, exc: BaseException, slot: Slot[Outputs]) -> Callable[[Outputs], Awaitable[Outputs]] | None:
-        """How to send a slot's outputs once more after the broker refused them (None: the
-        stage stops). Too large (a topic made elsewhere with a smaller ``max.message.bytes``):
-        as claim checks. At a reply topic deleted meanwhile (client gone): at the result topic."""
-        if isinstance(exc, MessageSizeTooLargeError) and (oversize := self._oversize) is not None:
-            return lambda outs: oversize.replace_all(slot, outs, lambda out: out.dead_letter or out.counts_as_result)
-        if self._replies is not None and any(out.unrouted is not None for out in slot.output or ()):
-            return self._replies.unroute
-        return None
-
-    async def _resend(self, slot: Slot[Outputs], again: Callable[[Outputs], Awaitable[Outputs]]) -> None:
-        """Send the slot's outputs again, as ``again`` makes them (now after later outputs of
-        the partition; the commit still waits for them), checkpoints after the rest."""
-        assert slot.output is not None
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._delivery.add(done)
-        try:
-            slot.output = await again(slot.output)
-            for part in ([o for o in slot.output if not o.after_acks], [o for o in slot.output if o.after_acks]):
-                await asyncio.gather(*[await self._send_record(out) for out in part])
-        except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
-            done.set_exception(exc)
-        else:
-            done.set_result(None)
-        self._delivered(done, slot)
 
     def _acknowledge(self, slot: Slot[Outputs]) -> None:
         self._offsets.acknowledge(slot)
@@ -371,23 +265,8 @@ class Outbox:
             await (asyncio.wait(waiting, timeout=timeout) if waiting else asyncio.sleep(timeout))
 
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
-        offsets = self._offsets.committable()
-        if partitions is not None:
-            offsets = {tp: o for tp, o in offsets.items() if tp in partitions}
-        if not offsets:
-            return
-        if self._fence.closed():
-            return  # a zombie commits nothing: the partitions' new owner does
-        try:
-            await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
-        except (CommitFailedError, IllegalStateError) as exc:
-            # A rebalance took the partitions; their new owner replays from the last commit.
-            log.warning("commit of %s skipped: %s", offsets, exc)
-            return
-        except KafkaError as exc:
-            log.warning("commit failed, will retry: %s", exc)
-            return
-        self._offsets.mark_committed(offsets)
+        """Commit each partition (of ``partitions``; None: all) past its acknowledged outputs."""
+        await commit_acknowledged(self._consumer, self._offsets, self._fence, partitions)
 
     def forget(self, tp: TopicPartition) -> int:
         """Drop a revoked partition's unfinished slots (its next owner replays them)."""

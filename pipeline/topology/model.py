@@ -21,7 +21,7 @@ to the error's location, which the loader uses for the line number.
 from __future__ import annotations
 
 import itertools
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -33,9 +33,10 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.topology.chain import StageTopics as StageTopics  # re-exported: the model's public API
+from pipeline.topology.chain import chain_topics, check_side_topics, resolve_chain
 from pipeline.topology.checkpoint import CheckpointConfig
 from pipeline.topology.fields import (  # the shared scalar types, re-exported here
-    _TOPIC_MAX,
     Duration,
     Endpoint,
     ModelVersion,
@@ -364,14 +365,45 @@ ModelStageConfig = (StatelessStageConfig, SequenceStageConfig)
 """Stage kinds that call a Triton model (``isinstance`` target)."""
 
 
+# --------------------------------------------------------------------------- stage rules
+# Which kinds of stage a topology may combine: kept with the stage models, called by
+# :class:`Topology`'s validator (chains: sample rates; graphs: what a step may be).
+
+
+def check_sample_rates(stages: list[Stage]) -> None:
+    """In a chain, a DALI stage feeding a sequence stage emits the sample rate that stage reads."""
+    for index, (before, stage) in enumerate(itertools.pairwise(stages), start=1):
+        if (
+            isinstance(before, DaliStageConfig)
+            and isinstance(stage, SequenceStageConfig)
+            and before.sample_rate != stage.sample_rate
+        ):
+            raise _located(
+                f"sample_rate {stage.sample_rate} differs from stage {before.name!r}, "
+                f"which emits {before.sample_rate} Hz",
+                ("stages", index, "sample_rate"),
+            )
+
+
+def check_graph_steps(stages: list[Stage]) -> None:
+    """Graph steps are stateless stages serving one model, with explicit tensor maps and
+    no topics of their own (the graph wires them)."""
+    for index, stage in enumerate(stages):
+        if not isinstance(stage, StatelessStageConfig):
+            raise _located(f"graph steps are stateless stages; {stage.kind!r} runs in chains only", ("stages", index, "kind"))
+        if stage.input_topic or stage.output_topic:
+            raise _located("graph steps get their topics from the graph", ("stages", index, "input_topic"))
+        if stage.routes or stage.shadow:
+            key = "routes" if stage.routes else "shadow"
+            raise _located("graph steps serve one model; routes and shadow are for chains", ("stages", index, key))
+        if stage.tenants is not None:
+            raise _located("tenants are declared on chain stages only", ("stages", index, "tenants"))
+        for field in ("input_map", "output_map"):
+            if not getattr(stage, field):
+                raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
+
+
 # --------------------------------------------------------------------------- topology
-
-
-class StageTopics(NamedTuple):
-    """The resolved topics of one stage."""
-
-    input: str
-    output: str
 
 
 class Topology(_Strict):
@@ -455,19 +487,7 @@ class Topology(_Strict):
             raise _located("a graph topology names at least one output tensor", ("outputs",))
         if not self.inputs:
             raise _located("a graph topology names its input tensors", ("inputs",))
-        for index, stage in enumerate(self.stages):
-            if not isinstance(stage, StatelessStageConfig):
-                raise _located(f"graph steps are stateless stages; {stage.kind!r} runs in chains only", ("stages", index, "kind"))
-            if stage.input_topic or stage.output_topic:
-                raise _located("graph steps get their topics from the graph", ("stages", index, "input_topic"))
-            if stage.routes or stage.shadow:
-                key = "routes" if stage.routes else "shadow"
-                raise _located("graph steps serve one model; routes and shadow are for chains", ("stages", index, key))
-            if stage.tenants is not None:
-                raise _located("tenants are declared on chain stages only", ("stages", index, "tenants"))
-            for field in ("input_map", "output_map"):
-                if not getattr(stage, field):
-                    raise _located(f"graph steps map their tensors explicitly ({field} is empty)", ("stages", index, field))
+        check_graph_steps(self.stages)
         try:
             self.graph(fused=False)
         except GraphError as exc:
@@ -498,45 +518,22 @@ class Topology(_Strict):
             raise _located(str(exc), exc.at) from None
         if self.is_graph:
             return self
-        chain = self._resolve_chain()
-        topics = [chain[0].input, *(t.output for t in chain)]
-        for index, topic in enumerate(topics):
-            if topics.index(topic) != index:
-                # Two edges of the chain on one topic: a stage would read its own output.
-                raise _located(
-                    f"topic {topic!r} appears twice in the stage chain; a stage would "
-                    "consume its own or a later stage's output",
-                    ("stages", index - 1, "output_topic"),
-                )
-        for index, (before, stage) in enumerate(itertools.pairwise(self.stages), start=1):
-            if (
-                isinstance(before, DaliStageConfig)
-                and isinstance(stage, SequenceStageConfig)
-                and before.sample_rate != stage.sample_rate
-            ):
-                raise _located(
-                    f"sample_rate {stage.sample_rate} differs from stage {before.name!r}, "
-                    f"which emits {before.sample_rate} Hz",
-                    ("stages", index, "sample_rate"),
-                )
-        for index, shadow in self._shadow_topics(chain):
-            if shadow in topics or shadow in (self.dead_letter_topic, self.metrics_topic):
-                raise _located(f"shadow topic {shadow!r} is also a topic of this topology", ("stages", index, "shadow"))
-        for field in ("dead_letter_topic", "metrics_topic"):
-            topic = getattr(self, field)
-            if topic in topics:
-                raise _located(f"{topic!r} is also a topic of the stage chain", (field,))
-        if self.dead_letter_topic == self.metrics_topic:
-            raise _located(
-                "dead_letter_topic and metrics_topic must differ", ("dead_letter_topic",)
-            )
+        chain = self.stage_topics()
+        topics = chain_topics(chain)
+        check_sample_rates(self.stages)
+        check_side_topics(
+            topics,
+            shadows=self._shadow_topics(chain),
+            dead_letter_topic=self.dead_letter_topic,
+            metrics_topic=self.metrics_topic,
+        )
         check_delay_topics(self._delay_topics(chain), [*topics, self.dead_letter_topic, self.metrics_topic])
         self._check_lanes()
         return self
 
     def _check_lanes(self) -> None:
         first = None if self.is_graph else (self.stages[0].name, self.stages[0].kind)
-        chain = self._resolve_chain() if self.lanes and first else []
+        chain = self.stage_topics() if self.lanes and first else []
         others = {t.output: f"output of stage {s.name!r}" for s, t in zip(self.stages, chain, strict=False)}
         others.update({t: "a state topic" for t in (self.state_topics() if chain else [])})
         others.update({self.input_topic: "input_topic", self.dead_letter_topic: "dead_letter_topic"})
@@ -558,53 +555,9 @@ class Topology(_Strict):
             and (delay := stage.tenants.delay_topic_for(edge.input)) is not None
         ]
 
-    def _resolve_chain(self) -> list[StageTopics]:
-        """Fill in the topics a file leaves out; reject the ones that contradict each other.
-
-        A stage's output defaults to the next stage's explicit input (so setting
-        either side of an edge is enough); setting both sides differently would
-        leave a gap in the chain and is an error.
-        """
-        last = len(self.stages) - 1
-        outputs: list[str] = []
-        for index, stage in enumerate(self.stages):
-            if index == last:
-                default = self.result_topic
-            else:
-                following = self.stages[index + 1].input_topic
-                default = following or f"{self.name}.{stage.name}.out"
-            output = stage.output_topic or default
-            if (
-                stage.output_topic
-                and stage.output_topic != default
-                and (index == last or self.stages[index + 1].input_topic)
-            ):
-                where = "result_topic" if index == last else f"stages[{index + 1}].input_topic"
-                raise _located(
-                    f"{output!r} differs from {where} {default!r}; "
-                    "a topology is a linear chain, leave one of them unset",
-                    ("stages", index, "output_topic"),
-                )
-            if len(output) > _TOPIC_MAX:
-                raise _located(
-                    f"derived topic name {output!r} is longer than {_TOPIC_MAX} "
-                    "characters; set output_topic",
-                    ("stages", index, "name"),
-                )
-            outputs.append(output)
-        first = self.stages[0].input_topic
-        if first is not None and first != self.input_topic:
-            raise _located(
-                f"{first!r} differs from the topology's input_topic {self.input_topic!r}; "
-                "the first stage reads the topology's input, leave it unset",
-                ("stages", 0, "input_topic"),
-            )
-        inputs = [self.input_topic, *outputs[:-1]]
-        return [StageTopics(input=i, output=o) for i, o in zip(inputs, outputs, strict=True)]
-
     def stage_topics(self) -> list[StageTopics]:
         """The resolved (input, output) topics of each stage, aligned with :attr:`stages`."""
-        return self._resolve_chain()
+        return resolve_chain(self.name, self.stages, input_topic=self.input_topic, result_topic=self.result_topic)
 
     def group_id(self, stage: str) -> str:
         """Kafka consumer group of ``stage``: every worker running it joins this group."""
@@ -618,7 +571,7 @@ class Topology(_Strict):
         """Every topic the pipeline uses, in chain order, then dead letters and metrics."""
         if self.is_graph:
             return [*self.graph().topics(), self.dead_letter_topic, self.metrics_topic]
-        chain = self._resolve_chain()
+        chain = self.stage_topics()
         return [
             chain[0].input,
             *(lane.topic for lane in self.resolved_lanes()[:-1]),
@@ -639,7 +592,7 @@ class Topology(_Strict):
 
     def shadow_topic(self, stage: str) -> str | None:
         """Where ``stage``'s shadow results go; None for a stage without a shadow."""
-        return dict((self.stages[i].name, t) for i, t in self._shadow_topics(self._resolve_chain())).get(stage)
+        return dict((self.stages[i].name, t) for i, t in self._shadow_topics(self.stage_topics())).get(stage)
 
     def state_topic(self, stage: str) -> str:
         """Compacted changelog of a stateful stage's per-stream state."""

@@ -1,0 +1,63 @@
+"""What a consumed record turns into: :class:`OutRecord`, and who may rewrite one on its way out.
+
+These are the outbox's vocabulary, shared by :class:`pipeline.kafka.outbox.Outbox` (which
+re-exports them: the stages import them from there) and by the sending it delegates to
+(:mod:`pipeline.kafka.output_sender`). They live apart so both build on them without an
+import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline.contract.headers import Headers
+from pipeline.kafka.ordering import Slot
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    """One record a consumed record turns into (a result, a dead letter, a checkpoint)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    dead_letter: bool = False
+    error_class: str | None = None
+    request_timestamp_ms: int | None = None
+    partition: int | None = None  # None: the producer's partitioner picks by key
+    after_acks: bool = False
+    """Send only once every earlier output of the same partition line is acknowledged
+    (a state checkpoint must never be visible before the results it accounts for)."""
+    counts_as_result: bool = True  # metrics: checkpoints are not results
+    timestamp_ms: int | None = None
+    """The record's timestamp; None: the producer's clock. A message for a next stage keeps
+    its input's, so every stage of a topology sees the request's event time."""
+    unrouted: tuple[str, int | None] | None = None
+    """Set on a result sent to its reply topic: the topic and partition it was bound for."""
+
+
+Outputs = tuple[OutRecord, ...]
+
+
+class OversizeHandler(Protocol):
+    """What the outbox does with outputs too large for their topic (a claim check:
+    :class:`pipeline.deadletter.oversize.OversizeOutputs`)."""
+
+    def too_large(self, out: OutRecord) -> bool: ...
+
+    async def replace(self, out: OutRecord, slot: Slot[Outputs], index: int) -> OutRecord: ...
+
+    async def replace_all(self, slot: Slot[Outputs], outputs: Outputs, which: Callable[[OutRecord], bool]) -> Outputs:
+        """``outputs`` with those ``which`` selects replaced by claim-check dead letters."""
+        ...
+
+
+class ReplyRouting(Protocol):
+    """Where a result asking for a reply topic goes (:class:`pipeline.kafka.replies.ReplyRouter`)."""
+
+    async def route(self, out: OutRecord) -> OutRecord: ...
+
+    async def unroute(self, outputs: Outputs) -> Outputs: ...
