@@ -63,6 +63,9 @@ class Workload:
     make_topology: TopologyFactory
     models: tuple[str, ...]
     """The Triton models its stages call."""
+    burst: bool = False
+    """Sent at once, its records are stamped as one burst (``kafka_io.produce``): event time
+    then does not stretch with a busy machine's sending."""
 
     def topology(self, tmp_path: Path, **extra: Any) -> TopologyFiles:
         """A private topology (unique topics and groups); ``extra``: topology-level settings."""
@@ -74,7 +77,7 @@ class Workload:
         records = self.records
 
         def send() -> None:
-            asyncio.run(produce(bootstrap, topology.input_topic, records, rate=rate))
+            asyncio.run(produce(bootstrap, topology.input_topic, records, rate=rate, burst=self.burst and rate == 0))
 
         thread = threading.Thread(target=send, name=f"produce-{self.kind}")
         thread.start()
