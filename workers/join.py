@@ -266,12 +266,7 @@ class JoinStage(StatefulStage):
             if branch in state.branches:
                 requests.append(decode_request(state.branches[branch], state.headers))
         first = requests[0]
-        tensors: dict[str, np.ndarray] = {}
-        datatypes: dict[str, str] = {}
-        for request in requests:
-            for name, array in request.inputs.items():
-                if name not in tensors:
-                    tensors[name], datatypes[name] = array, request.datatypes[name]
+        tensors, datatypes = tensor_union(requests)
         parameters = dict(first.parameters)
         extra_headers: list[tuple[str, bytes]] = []
         if status is not None:
@@ -391,3 +386,15 @@ class JoinStage(StatefulStage):
                 for branch, value in state.branches.items()
             ]
         return [*out, self._retire(key, state, entry.partition)]
+
+
+def tensor_union(requests: list[InferenceRequest]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every tensor the branches' messages carry, with its datatype; where two carry one
+    name, the first in branch order wins (so the topology's branch order decides ties)."""
+    tensors: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    for request in requests:
+        for name, array in request.inputs.items():
+            if name not in tensors:
+                tensors[name], datatypes[name] = array, request.datatypes[name]
+    return tensors, datatypes
