@@ -59,7 +59,7 @@ from workers.dead_letters import dead_letter_record
 from workers.event_time import LATE_GRACE_MS, EventTimeClock, now_ms
 from workers.join_expiry import Judged, Rule, expiry_reason, expiry_rules
 from workers.stateful import StatefulStage
-from workers.upstream import UpstreamWatch
+from workers.upstream import UpstreamWatch, highwater_or_end
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class JoinStage(StatefulStage):
         self.upstream = UpstreamWatch(self.progress, stage=io.stage, metrics=metrics)
         behind = (lambda tp: self.progress.behind(self._branch_of[tp.topic], tp.partition)) if settings.upstream else None
         self.clock = EventTimeClock(
-            self._highwater,
+            highwater_or_end(self.highwater, self.progress),
             grace_ms=settings.window_ms,
             upstream_behind=behind,
             fetched_at=self.fetched_at,
@@ -176,11 +176,6 @@ class JoinStage(StatefulStage):
     async def teardown(self) -> None:
         await self.upstream.stop()
         await super().teardown()
-
-    def _highwater(self, tp: TopicPartition) -> int | None:
-        """The fetcher's high watermark, or the last poll's end offset when that is newer."""
-        ends = [e for e in (self.highwater(tp), self.progress.end(tp)) if e is not None]
-        return max(ends) if ends else None
 
     # ------------------------------------------------------------------ state
     async def restore(self, partitions: list[TopicPartition]) -> None:

@@ -94,6 +94,18 @@ class UpstreamWatch:
                 self.metrics.upstream_state.labels(self.stage, label, each.value).set(1 if each is state else 0)
 
 
+def highwater_or_end(highwater: HighWater, progress: UpstreamProgress) -> HighWater:
+    """The fetcher's high watermark, or the last poll's end of the partition when that is
+    further: on the embedded broker both can be short of the log, and the poll reads past
+    its listed end (:func:`pipeline.kafka.progress.fetched_ends`)."""
+
+    def end(tp: TopicPartition) -> int | None:
+        ends = [e for e in (highwater(tp), progress.end(tp)) if e is not None]
+        return max(ends) if ends else None
+
+    return end
+
+
 def watched_clock(
     progress: UpstreamProgress,
     highwater: HighWater,
@@ -110,6 +122,6 @@ def watched_clock(
     watch = UpstreamWatch(progress, stage=stage, metrics=metrics)
     behind = (lambda tp: progress.behind(branch_of(tp), tp.partition)) if progress.branches else None
     clock = EventTimeClock(
-        highwater, grace_ms=grace_ms, fetched_at=fetched_at, upstream_behind=behind, late_grace_ms=LATE_GRACE_MS
+        highwater_or_end(highwater, progress), grace_ms=grace_ms, fetched_at=fetched_at, upstream_behind=behind, late_grace_ms=LATE_GRACE_MS
     )
     return watch, clock

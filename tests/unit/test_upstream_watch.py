@@ -14,7 +14,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.kafka.progress import BranchState, Upstream, UpstreamProgress
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.upstream import UpstreamWatch
+from workers.upstream import UpstreamWatch, highwater_or_end
 
 
 class SlowProgress(UpstreamProgress):
@@ -95,3 +95,19 @@ def test_stop_cancels_a_poll_in_flight() -> None:
         assert watch.state("", TP[0]) is BranchState.BEHIND
 
     asyncio.run(scenario())
+
+
+def test_a_partition_reaches_as_far_as_the_fetcher_or_the_poll_saw() -> None:
+    """Tansu lists ends (and reports fetch high watermarks) short of its log: the poll's end,
+    read past the listed one, counts when it is further, so a join or a sequence stage that
+    read to a short end does not take its input as read to the end."""
+    progress = SlowProgress()
+    tp = TopicPartition("own", 0)
+    fetched: dict[TopicPartition, int | None] = {tp: 40}
+    end = highwater_or_end(lambda t: fetched.get(t), progress)
+    assert end(tp) == 40, "no poll yet: the fetcher's"
+    progress._ends = {tp: 46}
+    assert end(tp) == 46
+    fetched[tp] = 50
+    assert end(tp) == 50
+    assert end(TopicPartition("own", 1)) is None
