@@ -8,7 +8,9 @@ when those records were written.
 The watermark of a partition is the timestamp of the last record handled from
 it, or "now" when nothing is left to read (a caught-up partition cannot bring
 anything older). Right after an assignment, a partition nothing was read from
-counts as behind for ``grace_ms``, so its backlog is read before it is trusted.
+counts as behind for ``grace_ms``, so its backlog is read before it is trusted, and
+after that for as long as its end is past where the group's reading starts (its
+committed offset, ``reading_starts``).
 A partition written by other stages is caught up only when they are too
 (``upstream_behind``: a join's branches, a sequence stage's input), or gone
 (:mod:`pipeline.kafka.progress`): what they have not processed yet is older than
@@ -30,8 +32,10 @@ never closes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.records import ConsumedRecord
@@ -78,6 +82,7 @@ class EventTimeClock:
         self._last_offset: dict[TopicPartition, int] = {}
         self._assigned_at: dict[TopicPartition, int] = {}
         self._trusted_from: dict[TopicPartition, int] = {}
+        self._start: dict[TopicPartition, int] = {}
         self._last_watch: int | None = None
 
     def timestamp(self, record: ConsumedRecord) -> int:
@@ -92,13 +97,20 @@ class EventTimeClock:
         self._last_offset[tp] = record.offset
         return stamp
 
-    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+    def assigned(self, partitions: Iterable[TopicPartition], starts: Mapping[TopicPartition, int] | None = None) -> None:
+        """The partitions are ours from now; ``starts``: where their reading begins (the
+        group's committed offset). A partition nothing was read from is behind for
+        ``grace_ms``, and after that while its end is past its start: without the start, a
+        join that had read nothing of a branch partition 5,035 records long took it as read
+        (backlog test, 2026-11-27)."""
         at = now_ms()
         for tp in partitions:
             self._assigned_at[tp] = at
+            if starts is not None and tp in starts:
+                self._start[tp] = starts[tp]
 
     def forget(self, numbers: set[int]) -> None:
-        for table in (self._event_time, self._last_offset, self._assigned_at, self._trusted_from):
+        for table in (self._event_time, self._last_offset, self._assigned_at, self._trusted_from, self._start):
             for tp in [tp for tp in table if tp.partition in numbers]:
                 del table[tp]
 
@@ -140,7 +152,9 @@ class EventTimeClock:
             return True
         last = self._last_offset.get(tp)
         if last is None:
-            return now - self._assigned_at.get(tp, 0) < self.grace_ms
+            if now - self._assigned_at.get(tp, 0) < self.grace_ms or tp not in self._start:
+                return now - self._assigned_at.get(tp, 0) < self.grace_ms
+            last = self._start[tp] - 1  # nothing read yet: behind while the end is past the start
         high = self.highwater(tp)
         return high is not None and high > last + 1
 
@@ -154,3 +168,23 @@ class EventTimeClock:
             self._trusted_from[tp] = now + int(self.grace_ms)  # silent: trusted grace_ms after it answers
             return False
         return now >= self._trusted_from.get(tp, 0)
+
+
+async def reading_starts(consumer: AIOKafkaConsumer | None, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """Where a group's reading of ``partitions`` begins: its committed offsets, or the
+    partition's beginning where it never committed (the consumers reset to the earliest).
+    Unknown (no consumer, the broker not answering): left out, and the grace rule alone applies."""
+    if consumer is None or not partitions:
+        return {}
+    try:
+        starts: dict[TopicPartition, int] = {}
+        for tp in partitions:
+            committed = await consumer.committed(tp)
+            if committed is not None and committed >= 0:
+                starts[tp] = committed
+        never = [tp for tp in partitions if tp not in starts]
+        if never:
+            starts.update(await consumer.beginning_offsets(never))
+        return starts
+    except KafkaError:
+        return {}

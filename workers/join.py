@@ -56,7 +56,7 @@ from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
 from workers.base import StageIO
 from workers.dead_letters import dead_letter_record
-from workers.event_time import LATE_GRACE_MS, EventTimeClock, now_ms
+from workers.event_time import LATE_GRACE_MS, EventTimeClock, now_ms, reading_starts
 from workers.join_expiry import Judged, Rule, expiry_reason, expiry_rules
 from workers.stateful import StatefulStage
 from workers.upstream import UpstreamWatch, highwater_or_end
@@ -179,7 +179,7 @@ class JoinStage(StatefulStage):
 
     # ------------------------------------------------------------------ state
     async def restore(self, partitions: list[TopicPartition]) -> None:
-        self.clock.assigned(partitions)
+        self.clock.assigned(partitions, await reading_starts(self._consumer, partitions))
         # Several input topics share partition numbers: the store restores each number once.
         report = await self.restore_states(partitions)
         log.info("%s: restored %d pending joins for partitions %s", self.io.stage, report.restored, report.partitions)

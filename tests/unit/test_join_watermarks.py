@@ -73,3 +73,23 @@ def test_a_branch_nothing_was_read_from_waits_while_its_upstream_is_behind() -> 
     clock = EventTimeClock(lambda _tp: 0, grace_ms=0, upstream_behind=lambda _tp: True)
     clock.assigned([tp])
     assert clock.watermark([tp]) == 0, "a restarted branch stage has not written yet: no window may close"
+
+
+def test_a_partition_nothing_was_read_from_is_behind_while_its_end_is_past_where_reading_starts() -> None:
+    """Backlog test, 2026-11-27: a join that had read nothing of a branch partition 5,035
+    records long took it as read once the grace after its assignment ran out, and expired
+    every window on it "caught-up". With the group's committed offset as the start, the
+    partition is behind until its records are read; one whose end is the start is not."""
+    tp, empty = TopicPartition("score.out", 1), TopicPartition("score.out", 0)
+    ends = {tp: 5035, empty: 120}
+    clock = EventTimeClock(lambda t: ends[t], grace_ms=0)
+    clock.assigned([tp, empty], {tp: 0, empty: 120})
+    assert not clock.caught_up(tp), "5,035 records past the start, none read"
+    assert clock.caught_up(empty), "nothing past the start"
+    record = SimpleNamespace(topic=tp.topic, partition=1, offset=5034, timestamp=now_ms())
+    clock.observe(record)
+    assert clock.caught_up(tp), "read to its end"
+    unknown = TopicPartition("score.out", 2)
+    ends[unknown] = 10
+    clock.assigned([unknown])
+    assert clock.caught_up(unknown), "start unknown (broker not answering): the grace rule alone, as before"

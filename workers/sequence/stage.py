@@ -39,6 +39,7 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_span
 from pipeline.settings import KafkaSettings, TritonSettings
 from workers.base import StageIO
+from workers.event_time import reading_starts
 from workers.sequence.checkpoints import close_pending, complete_chunk
 from workers.sequence.chunks import CHUNK_INDEX, Chunk, Placement, parse_chunk, placement
 from workers.sequence.model import SequenceModel
@@ -119,7 +120,7 @@ class SequenceStage(StatefulStage):
 
     # ------------------------------------------------------------------ ownership
     async def restore(self, partitions: list[TopicPartition]) -> None:
-        self.clock.assigned(partitions)
+        self.clock.assigned(partitions, await reading_starts(self._consumer, partitions))
         report = await self.restore_states(partitions)
         for stream in self.streams:
             stream.handle.live_in_triton = False
