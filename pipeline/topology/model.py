@@ -115,8 +115,7 @@ class Batching(_Strict):
     max_batch_size: PositiveInt | None = None
     """Requests per inference call; null = the model's max_batch_size as Triton reports it."""
     max_queue_delay_ms: NonNegativeFloat = 5.0
-    """How long a partial batch waits for more requests, while every call is busy, before it
-    is sent anyway (with a call free it goes at once)."""
+    """How long a partial batch waits for more requests before it is sent anyway."""
     max_inflight_batches: PositiveInt = 4
     """Inference calls outstanding at once, per worker."""
     max_pending_requests: PositiveInt = 4096
