@@ -182,13 +182,6 @@ class BatchingStage(StreamStage):
             await self.handle(record, slot)  # delayed and now due: the quota again
         for batch in self._batcher.due():
             self._dispatch(batch)
-        self._release_idle()  # everything fetched is handled: a free call slot takes it now
-
-    def _release_idle(self) -> None:
-        assert self._batcher is not None
-        room = self.settings.max_inflight_batches - len(self._tasks)
-        for batch in self._batcher.release_idle(room) if room > 0 else ():
-            self._dispatch(batch)
 
     def next_tick_s(self) -> float:
         due = self._batcher.next_due() if self._batcher is not None else None
@@ -222,8 +215,8 @@ class BatchingStage(StreamStage):
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if self._batcher is not None:
-            self._release_idle()  # a call slot is free: what waited for one goes now
+        for batch in self._batcher.due() if self._gate.fair and self._batcher is not None else ():
+            self._dispatch(batch)  # fair batches form when a call can start
 
     async def _run_batch(self, items: list[_Pending]) -> None:
         first = items[0].request
