@@ -152,8 +152,9 @@ class EventTimeClock:
             return True
         last = self._last_offset.get(tp)
         if last is None:
-            if now - self._assigned_at.get(tp, 0) < self.grace_ms or tp not in self._start:
-                return now - self._assigned_at.get(tp, 0) < self.grace_ms
+            within_grace = now - self._assigned_at.get(tp, 0) < self.grace_ms
+            if within_grace or tp not in self._start:
+                return within_grace
             last = self._start[tp] - 1  # nothing read yet: behind while the end is past the start
         high = self.highwater(tp)
         return high is not None and high > last + 1
