@@ -18,6 +18,7 @@ from workers.base import StageIO
 from workers.event_time import EventTimeClock, now_ms
 from workers.join import JoinSettings, JoinStage, JoinState
 from workers.sequence.chunks import Chunk, Placement, placement
+from workers.sequence.model import sequence_id
 from workers.sequence.state import StreamState
 
 
@@ -189,3 +190,14 @@ def test_open_joins_are_bounded_and_the_idlest_is_expired_not_dropped() -> None:
     assert [(r.topic, r.value, r.dead_letter) for r in out[:1]] == [("dl", b"old", True)], "its branch is dead-lettered"
     assert out[-1].value is None and out[-1].topic == "j.state", "and its state deleted (tombstone)"
     assert stage.states.get(b"old") is None and len(stage.states) == 1
+
+
+def test_a_streams_triton_sequence_id_is_stable_for_one_worker_and_differs_for_the_next() -> None:
+    """A stream's next owner calls another Triton sequence: a late frame of a frozen former
+    owner lands in the abandoned one (docs/streaming.md, Affinity)."""
+    a, b = b"\x01" * 8, b"\x02" * 8
+    assert sequence_id(b"audio-05", a) == sequence_id(b"audio-05", a)
+    assert sequence_id(b"audio-05", a) != sequence_id(b"audio-05", b)
+    assert sequence_id(b"audio-05", a) != sequence_id(b"audio-06", a)
+    ids = [sequence_id(f"s-{i}".encode(), a) for i in range(1000)]
+    assert all(0 < sid < 2**63 for sid in ids) and len(set(ids)) == len(ids)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -80,6 +81,11 @@ class SequenceModel:
         self._client: triton_aio.InferenceServerClient | None = None
         self._classifier: TritonFailureClassifier | None = None
         self._slots = asyncio.Semaphore(max_inflight)
+        self.owner = secrets.token_bytes(8)
+        """Salts this worker's sequence ids (:func:`sequence_id`): a stream that moves to
+        another worker gets another Triton sequence, so a frame a frozen former owner had
+        already admitted (its fence checked, then the process stopped before the call left)
+        lands in a sequence nobody drives any more, never in the new owner's."""
         self._call_span = triton_call_span(settings, model, model_version)
 
     async def _classify(self, exc: BaseException) -> Failure:
@@ -155,7 +161,7 @@ class SequenceModel:
             if start and resuming:
                 for state_input, state_output in self.state_map.items():
                     inputs.append(_tensor(state_input, resume_state[state_output]))
-            sid = sequence_id(stream.key)
+            sid = sequence_id(stream.key, self.owner)
             try:
                 async with self._slots:
                     with call_span(self._call_span, traced, attributes={"triton.sequence_id": sid}):
@@ -228,9 +234,10 @@ def _forgot_sequence(exc: BaseException) -> bool:
     return isinstance(exc, InferenceServerException) and "must specify the START flag" in str(exc.message() or "")
 
 
-def sequence_id(key: bytes) -> int:
-    """A stable, non-zero 63-bit Triton correlation ID for a stream key."""
-    digest = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+def sequence_id(key: bytes, owner: bytes = b"") -> int:
+    """A non-zero 63-bit Triton correlation ID for a stream key, stable for one ``owner``
+    (a worker: the key's next owner calls another sequence; the old one idles out)."""
+    digest = int.from_bytes(hashlib.blake2b(key, digest_size=8, salt=owner[:16]).digest(), "big")
     return (digest & ((1 << 63) - 1)) or 1
 
 
