@@ -7,8 +7,9 @@ results and *state checkpoints* for keys another worker now owns, and offsets ar
 committed, all before its heartbeat learns that it is out. A late result is an exact
 duplicate at worst, but a late checkpoint written after the new owner's wins in the
 compacted changelog and rolls the key's state back on the next restore; and a late frame
-sent to a Triton sequence advances the state Triton keeps for whichever worker now drives
-that stream (both call it by the same sequence id).
+sent to a Triton sequence would advance the state Triton keeps for whichever worker now
+drives that stream, were their sequence ids the same (they are salted per worker,
+``workers/sequence/model.py``, because a frame admitted just before the stop still leaves).
 
 Kafka's own fence is the transactional producer; the embedded broker (Tansu) has no
 ``InitProducerId``, and the design must not depend on it. So the fence is a lease:
