@@ -54,10 +54,10 @@ from pipeline.observability.record_trace import record_trace
 from pipeline.settings import KafkaSettings
 from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
-from workers.base import StageIO
 from workers.dead_letters import dead_letter_record
 from workers.event_time import LATE_GRACE_MS, EventTimeClock, now_ms, reading_starts
 from workers.join_expiry import Judged, Rule, expiry_reason, expiry_rules
+from workers.stage_io import StageIO
 from workers.stateful import StatefulStage
 from workers.upstream import UpstreamWatch, highwater_or_end
 

@@ -42,13 +42,14 @@ from pipeline.observability.record_trace import record_trace
 from pipeline.observability.tracing import call_span
 from pipeline.settings import KafkaSettings
 from workers.backend import BatchBackend, BatchOutput
-from workers.base import StageIO, StreamStage
+from workers.base import StreamStage
 from workers.batching import Batch, DynamicBatcher
 from workers.fair_gate import FairGate
 from workers.intake import RequestIntake, Selector
 from workers.padding import Padder
 from workers.routing import TensorRouting
 from workers.shadow import ShadowCopy, ShadowMirror
+from workers.stage_io import StageIO
 from workers.tenancy.gate import StageHooks, TenancySettings, stage_batcher, stage_gate
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from pipeline.topology.model import (
     StatelessStageConfig,
     Topology,
 )
-from workers.base import StageIO, StreamStage
+from workers.base import StreamStage
 from workers.dali import DaliAudioBackend, DaliSettings
 from workers.join import JoinSettings, JoinStage
 from workers.padding import Padder
@@ -41,6 +41,7 @@ from workers.routing import TensorRouting
 from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
+from workers.stage_io import StageIO
 from workers.stateless import BatchingSettings, BatchingStage
 from workers.triton_backend import TritonModelBackend
 

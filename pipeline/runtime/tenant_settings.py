@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipeline.topology.tenants import TenantsConfig
-from workers.base import StageIO
+from workers.stage_io import StageIO
 from workers.tenancy.gate import TenancySettings
 from workers.tenancy.quotas import QuotaSpec
 

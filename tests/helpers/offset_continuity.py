@@ -30,7 +30,8 @@ from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.base import StageIO, StreamStage
+from workers.base import StreamStage
+from workers.stage_io import StageIO
 
 GUARD_SWITCH = "PIPELINE_TEST_OFFSET_GUARD"
 

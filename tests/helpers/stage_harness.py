@@ -47,9 +47,9 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.tracing import CallSpan
 from pipeline.settings import KafkaSettings
 from workers.backend import BatchOutput
-from workers.base import StageIO
 from workers.padding import Padder
 from workers.routing import TensorRouting
+from workers.stage_io import StageIO
 from workers.stateless import BatchingSettings, BatchingStage
 
 INPUT = "requests"

@@ -30,10 +30,10 @@ from pipeline.tools.top.snapshot import parse_snapshot
 from pipeline.tools.top.view import plain_lines
 from pipeline.topology import load_topology
 from tests.helpers.branch_graph import two_branch_graph
-from workers.base import StageIO
 from workers.event_time import now_ms
 from workers.join import JoinSettings, JoinStage, JoinState, JoinStateCodec
 from workers.join_expiry import expiry_rules
+from workers.stage_io import StageIO
 from workers.upstream import UpstreamWatch, watched_clock
 
 REPO = Path(__file__).resolve().parents[2]

@@ -291,7 +291,7 @@ def test_a_lanes_priority_reaches_triton_unless_the_request_names_its_own() -> N
 
     from pipeline.contract.request import decode_request, encode_request
     from pipeline.settings import KafkaSettings
-    from workers.base import StageIO
+    from workers.stage_io import StageIO
     from workers.stateless import BatchingSettings, BatchingStage
 
     io = StageIO("classify", "g", LOW, "out", "dl", lanes=LANES)
