@@ -244,7 +244,7 @@ class BatchingStage(StreamStage):
         async def attempt() -> BatchOutput | None:
             nonlocal live
             live = self._drop_expired(live)  # a request may expire between attempts
-            return await self._call(live) if live else None
+            return await call_backend(self.backend, self.metrics, self.io.stage, live) if live else None
 
         try:
             output = await call_with_retry(
@@ -268,27 +268,6 @@ class BatchingStage(StreamStage):
         if output is not None:
             for item, outputs in zip(live, output.outputs, strict=True):
                 self._succeed(item, outputs, output.model_name, output.model_version, output.route)
-
-    async def _call(self, items: list[_Pending]) -> BatchOutput:
-        now = time.monotonic()
-        queue_delay = self.metrics.queue_delay.labels(self.io.stage)
-        for item in items:
-            queue_delay.observe(now - item.enqueued)
-        rows = sum(item.rows for item in items)
-        self.metrics.batch_size.labels(self.io.stage).observe(rows)
-        # Tracing: each record's wait ends; the call is one span, child of the first record's
-        # span (a batch of one is one tree) and linked to every record's.
-        spans = []
-        for item in items:
-            if (trace := record_trace(item.slot)) is not None:
-                trace.dequeued(len(items))
-                spans.append(trace.span)
-        batch = {"pipeline.batch.rows": rows, "pipeline.batch.requests": len(items)} if spans else None
-        started = time.perf_counter()
-        with call_span(self.backend.call_span, spans[0] if spans else None, spans, batch):
-            output = await self.backend.run([item.request for item in items], [item.prepared for item in items])
-        self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
-        return output
 
     def _succeed(
         self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
@@ -339,6 +318,30 @@ class BatchingStage(StreamStage):
             else:
                 live.append(item)
         return live
+
+
+async def call_backend(backend: BatchBackend, metrics: PipelineMetrics, stage: str, items: list[_Pending]) -> BatchOutput:
+    """One backend call for a batch, observed: each request's queue delay, the batch size, the
+    call's latency, and (tracing on) one span, child of the first record's and linked to all."""
+    now = time.monotonic()
+    queue_delay = metrics.queue_delay.labels(stage)
+    for item in items:
+        queue_delay.observe(now - item.enqueued)
+    rows = sum(item.rows for item in items)
+    metrics.batch_size.labels(stage).observe(rows)
+    # Tracing: each record's wait ends; the call is one span, child of the first record's
+    # span (a batch of one is one tree) and linked to every record's.
+    spans = []
+    for item in items:
+        if (trace := record_trace(item.slot)) is not None:
+            trace.dequeued(len(items))
+            spans.append(trace.span)
+    batch = {"pipeline.batch.rows": rows, "pipeline.batch.requests": len(items)} if spans else None
+    started = time.perf_counter()
+    with call_span(backend.call_span, spans[0] if spans else None, spans, batch):
+        output = await backend.run([item.request for item in items], [item.prepared for item in items])
+    metrics.triton_latency.labels(stage, backend.name).observe(time.perf_counter() - started)
+    return output
 
 
 def _expired(request: InferenceRequest) -> bool:
