@@ -1,44 +1,21 @@
 """A stateless stage's intake: from a consumed record to the request a batch carries.
 
-Each step has its own owner; this module only puts them in their one order, so the
-stage's batching loop sees a request that is decoded (the contract's trust boundary),
-renamed to the model's tensors (tensor maps), addressed to its route's model (a stage
-with ``routes``, :mod:`workers.routed_backend`), padded to its length bucket
-(``padding``, :mod:`workers.padding`), checked by the backend, and carrying the
-stage's defaults: a deadline from the record's timestamp, its lane's priority or
-the stage's (:mod:`workers.lanes`), a timeout. Raises only :class:`BadRequest`,
-which the stage dead-letters.
+The bare path decodes the Open Inference Protocol request (the contract's trust boundary)
+and lets the backend check it. Whatever else a topology asks for on the way (tensor maps,
+routes, padding, defaults, fair tenants) is a request step the stage's features assembled
+(:mod:`workers.stage_features`), run here in order between the two. Raises only
+:class:`BadRequest`, which the stage dead-letters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.kafka.records import ConsumedRecord
-from pipeline.topology.lanes import Lane
 from workers.backend import BatchBackend
-from workers.lanes import lane_priority
-from workers.padding import Padder
-from workers.routing import TensorRouting
-
-Selector = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
-"""Re-addresses a decoded request to the model of its route (:mod:`workers.routed_backend`)."""
-
-
-class Defaults(Protocol):
-    """The stage settings the intake applies (:class:`workers.stateless.BatchingSettings`)."""
-
-    @property
-    def max_request_bytes(self) -> int: ...
-    @property
-    def default_deadline_ms(self) -> int | None: ...
-    @property
-    def default_priority(self) -> int | None: ...
-    @property
-    def default_timeout_ms(self) -> int | None: ...
+from workers.stage_features import Draft, RequestStep
 
 
 @dataclass(frozen=True)
@@ -50,48 +27,45 @@ class Admitted:
     prepared: object  # what the backend's check returned, passed back to its run
     length: int | None  # a padded request's true length (its outputs are trimmed to it)
     elements: int  # a padded request's elements (the batch's element bound counts them)
+    tenant: str  # fair batches: whose rows these are ("" otherwise)
+
+
+class RequestIntake(Protocol):
+    def admit(self, record: ConsumedRecord) -> Admitted:
+        """The record's request for the batcher; :class:`BadRequest` when it cannot be served."""
+        ...
 
 
 @dataclass(frozen=True)
-class RequestIntake:
+class BareIntake:
+    """Decode and check: a stage with no request steps."""
+
     backend: BatchBackend
-    settings: Defaults
-    routing: TensorRouting
-    select: Selector | None = None
-    padding: Padder | None = None
-    lanes: tuple[Lane, ...] = ()
+    max_request_bytes: int
 
     def admit(self, record: ConsumedRecord) -> Admitted:
-        """The record's request for the batcher; :class:`BadRequest` when it cannot be served."""
-        message = decode_request(
-            record.value, list(record.headers or ()), max_value_bytes=self.settings.max_request_bytes
-        )
-        request = self.routing.to_model(message)
-        if self.select is not None:
-            request = self.select(record, request)
-        padded = self.padding.pad(request) if self.padding is not None else None
-        if padded is not None:
-            request = padded.request  # keyed by its bucket, so mixed lengths share batches
-        prepared = self.backend.check(request)
+        message = decode_request(record.value, list(record.headers or ()), max_value_bytes=self.max_request_bytes)
+        return Admitted(message, message, self.backend.check(message), None, 0, "")
+
+
+@dataclass(frozen=True)
+class SteppedIntake:
+    """Decode, the stage's request steps in order, check."""
+
+    backend: BatchBackend
+    max_request_bytes: int
+    steps: tuple[RequestStep, ...]
+
+    def admit(self, record: ConsumedRecord) -> Admitted:
+        message = decode_request(record.value, list(record.headers or ()), max_value_bytes=self.max_request_bytes)
+        draft = Draft(record, message)
+        for step in self.steps:
+            step(draft)
         return Admitted(
-            self.with_defaults(request, record),
-            message,
-            prepared,
-            padded.length if padded is not None else None,
-            padded.elements if padded is not None else 0,
+            draft.request, message, self.backend.check(draft.request), draft.length, draft.elements, draft.tenant
         )
 
-    def with_defaults(self, request: InferenceRequest, record: ConsumedRecord) -> InferenceRequest:
-        """Apply the stage's default deadline (from the record's timestamp), priority (its
-        lane's, else the stage's) and timeout, where the request sets none."""
-        s = self.settings
-        changes: dict[str, Any] = {}
-        lane = lane_priority(self.lanes, record.topic)
-        priority = lane if lane is not None else s.default_priority
-        if request.deadline_ms is None and s.default_deadline_ms is not None and record.timestamp > 0:
-            changes["deadline_ms"] = record.timestamp + s.default_deadline_ms
-        if request.priority is None and priority is not None:
-            changes["priority"] = priority
-        if request.timeout_us is None and s.default_timeout_ms is not None:
-            changes["timeout_us"] = s.default_timeout_ms * 1000
-        return replace(request, **changes) if changes else request
+
+def request_intake(backend: BatchBackend, max_request_bytes: int, steps: tuple[RequestStep, ...]) -> RequestIntake:
+    """The bare intake when there are no steps, else the stepped one."""
+    return SteppedIntake(backend, max_request_bytes, steps) if steps else BareIntake(backend, max_request_bytes)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +46,11 @@ from workers.backend import BatchBackend, BatchOutput
 from workers.base import StageIO, StreamStage
 from workers.batching import Batch, DynamicBatcher
 from workers.fair_gate import FairGate
-from workers.intake import RequestIntake, Selector
+from workers.intake import request_intake
 from workers.padding import Padder
 from workers.routing import TensorRouting
-from workers.shadow import ShadowCopy, ShadowMirror
-from workers.tenancy.gate import StageHooks, TenancySettings, stage_batcher, stage_gate
+from workers.shadow import ShadowMirror
+from workers.stage_features import Selector, assemble
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class _Pending:
 
 
 class BatchingStage(StreamStage):
-    """Dynamic batching in front of any :class:`BatchBackend`."""
+    """Dynamic batching in front of any :class:`BatchBackend`; the optional features run as
+    the steps :func:`workers.stage_features.assemble` picked for them, and only those."""
 
     def __init__(
         self,
@@ -96,22 +98,27 @@ class BatchingStage(StreamStage):
         padding: Padder | None = None,
         select: Selector | None = None,
         shadow: ShadowMirror | None = None,
-        tenancy: TenancySettings | None = None,
+        tenant_of: Callable[[ConsumedRecord], str] | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
-        self._gate = stage_gate(tenancy, io.stage, metrics, StageHooks(  # NoGate: no tenant quotas
-            lambda s, o: self.outbox.complete(s, o), self.dead_letter, lambda: self._consumer, lambda: self._flow.paused))
         self.backend = backend
         self.routing = routing or TensorRouting()
         self.settings = settings
         self.padding = padding
-        self.intake = RequestIntake(backend, settings, self.routing, select, padding, io.lanes)
-        self._warmup = warmup
         self.shadow = shadow
+        self.features = assemble(
+            settings, routing=self.routing, select=select, padding=padding, lanes=io.lanes, shadow=shadow, tenant_of=tenant_of
+        )
+        self.intake = request_intake(backend, settings.max_request_bytes, self.features.requests)
+        self._warmup = warmup
         self._batcher: DynamicBatcher[_Pending] | None = None
         # Round-robin across models when batches queue (task routes); FIFO with one model.
         self._inflight = FairGate(settings.max_inflight_batches)
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[_Pending]:
+        s = self.settings
+        return DynamicBatcher(max_rows, s.max_queue_delay_s, s.max_batch_bytes, max_elements)
 
     # ------------------------------------------------------------------ setup
     async def setup(self) -> None:
@@ -125,7 +132,7 @@ class BatchingStage(StreamStage):
         if self.padding is not None:
             self.padding.bind()
         max_elements = self.padding.max_batch_elements if self.padding is not None else None
-        self._batcher = stage_batcher(max_rows, self.settings, self._tasks, fair=self._gate.fair, max_elements=max_elements)
+        self._batcher = self._new_batcher(max_rows, max_elements)
         device = self.backend.device
         if device:
             self.metrics.device.labels(self.io.stage, device).set(1)
@@ -152,8 +159,6 @@ class BatchingStage(StreamStage):
     # ------------------------------------------------------------------ per record
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         assert self._batcher is not None
-        if not await self._gate.admit(record, slot):
-            return  # delayed, dead-lettered quota-exceeded, or held until due (workers/tenancy)
         try:
             admitted = self.intake.admit(record)
         except BadRequest as bad:
@@ -164,9 +169,8 @@ class BatchingStage(StreamStage):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        tenant = self._gate.tenant_or_none(record) if self._gate.fair else ""
         pending = _Pending(
-            record, slot, request, admitted.message, admitted.prepared, rows, time.monotonic(), admitted.length, tenant
+            record, slot, request, admitted.message, admitted.prepared, rows, time.monotonic(), admitted.length, admitted.tenant
         )
         if (trace := record_trace(slot)) is not None:
             trace.queued()
@@ -178,8 +182,6 @@ class BatchingStage(StreamStage):
     # ------------------------------------------------------------------ batches
     async def tick(self) -> None:
         assert self._batcher is not None
-        for record, slot in self._gate.due():
-            await self.handle(record, slot)  # delayed and now due: the quota again
         for batch in self._batcher.due():
             self._dispatch(batch)
 
@@ -192,7 +194,6 @@ class BatchingStage(StreamStage):
     async def release(self, partitions: list[Any] | None = None) -> None:
         if self._batcher is None:
             return
-        self._gate.release(partitions)  # held delayed records go back to the delay topic
         for batch in self._batcher.drain():
             self._dispatch(batch)
         if self._tasks:
@@ -210,13 +211,11 @@ class BatchingStage(StreamStage):
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
         task.add_done_callback(self._batch_done)
-        if self.shadow is not None:
-            self.shadow.offer([ShadowCopy(i.record, i.message, i.request) for i in batch.items])
+        for observe in self.features.observers:
+            observe(batch.items)
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        for batch in self._batcher.due() if self._gate.fair and self._batcher is not None else ():
-            self._dispatch(batch)  # fair batches form when a call can start
 
     async def _run_batch(self, items: list[_Pending]) -> None:
         first = items[0].request
@@ -292,8 +291,8 @@ class BatchingStage(StreamStage):
     def _succeed(
         self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
     ) -> None:
-        if self.padding is not None and item.length is not None:
-            outputs = self.padding.trim(outputs, item.length)
+        for step in self.features.results:
+            outputs = step(outputs, item.length)
         try:
             tensors, datatypes = self.routing.from_model(item.message, outputs)
             if self.io.emit_requests:

@@ -9,6 +9,7 @@ and a new kind is one builder plus one entry here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -42,6 +43,7 @@ from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
 from workers.stateless import BatchingSettings, BatchingStage
+from workers.tenancy.stage import TenantBatchingStage
 from workers.triton_backend import TritonModelBackend
 
 
@@ -66,19 +68,20 @@ def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | N
         assert isinstance(backend, TritonModelBackend)  # the topology refuses padding with routes
         model = backend
         padder = Padder(config.padding, config.name, model.model, lambda: model.description)
+    shadow = shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics)
     tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
-    return BatchingStage(
+    stage = BatchingStage if tenancy is None else functools.partial(TenantBatchingStage, tenancy=tenancy)
+    return stage(
         with_delay_topic(ctx.io, tenancy),
         backend,
         batching_settings(config),
-        padding=padder,
         kafka=ctx.endpoints.kafka,
         metrics=ctx.metrics,
         warmup=config.warmup,
         routing=routing,
         select=select,
-        shadow=shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics),
-        tenancy=tenancy,
+        padding=padder,
+        shadow=shadow,
     )
 
 

@@ -14,10 +14,10 @@ from pipeline.settings import TritonSettings
 from pipeline.topology.model import StatelessStageConfig, Topology
 from pipeline.triton.shared_memory import SharedMemoryOptions
 from workers.backend import BatchBackend
-from workers.intake import Selector
 from workers.routed_backend import RoutedBackend
 from workers.routing import TensorRouting
 from workers.shadow import ShadowMirror
+from workers.stage_features import Selector
 from workers.traffic import Route, RouteTable
 from workers.triton_backend import TritonModelBackend
 

@@ -292,6 +292,7 @@ def test_a_lanes_priority_reaches_triton_unless_the_request_names_its_own() -> N
     from pipeline.contract.request import decode_request, encode_request
     from pipeline.settings import KafkaSettings
     from workers.base import StageIO
+    from workers.stage_features import ApplyDefaults
     from workers.stateless import BatchingSettings, BatchingStage
 
     io = StageIO("classify", "g", LOW, "out", "dl", lanes=LANES)
@@ -303,7 +304,8 @@ def test_a_lanes_priority_reaches_triton_unless_the_request_names_its_own() -> N
         record = encode_request({"features": [[0.0] * 16]}, correlation_id="c", priority=own)
         consumed = ConsumerRecord(topic, 0, 0, 0, 0, b"c", record.value, None, 1, len(record.value), record.headers)
         request = decode_request(record.value, list(record.headers))
-        return stage.intake.with_defaults(request, consumed).priority
+        defaults = next(step for step in stage.features.requests if isinstance(step, ApplyDefaults))
+        return defaults.applied(request, consumed).priority
 
     assert priority(HIGH) == 1  # the lane's
     assert priority(MID) == 5  # a lane without its own: the stage's

@@ -199,30 +199,6 @@ class TenantGate:
             consumer.resume(tp)
 
 
-class NoGate:
-    """A stage without tenant quotas: every record is served, nothing is held."""
-
-    fair = False
-
-    def tenant_or_none(self, record: ConsumedRecord) -> str:
-        return ""
-
-    async def admit(self, record: ConsumedRecord, slot: Slot[Outputs]) -> bool:
-        return True
-
-    def due(self) -> list[tuple[ConsumedRecord, Slot[Outputs]]]:
-        return []
-
-    def release(self, partitions: list[TopicPartition] | None) -> None:
-        """Nothing held."""
-
-
-def stage_gate(
-    settings: TenancySettings | None, stage: str, metrics: PipelineMetrics, hooks: StageHooks
-) -> TenantGate | NoGate:
-    return NoGate() if settings is None else TenantGate(settings, stage, metrics, hooks)
-
-
 class _Item(Protocol):
     tenant: str
     rows: int
