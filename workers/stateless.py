@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 class BatchingSettings:
     max_batch_size: int | None = None  # None: the backend's own limit
     max_queue_delay_s: float = 0.005
+    hold_partial_batches: bool = False  # True: a partial batch waits max_queue_delay_s even with a call free
     max_inflight_batches: int = 4
     default_deadline_ms: int | None = None
     default_priority: int | None = None
@@ -184,6 +185,16 @@ class BatchingStage(StreamStage):
         assert self._batcher is not None
         for batch in self._batcher.due():
             self._dispatch(batch)
+        self._release_idle()  # everything fetched is handled: a free call slot takes it now
+
+    def _release_idle(self) -> None:
+        """Work conserving (unless ``hold_partial_batches``): what is queued goes to the free
+        call slots at once; batches form only while every call is busy."""
+        if self._batcher is None or self.settings.hold_partial_batches:
+            return
+        room = self.settings.max_inflight_batches - len(self._tasks)
+        for batch in self._batcher.release_idle(room) if room > 0 else ():
+            self._dispatch(batch)
 
     def next_tick_s(self) -> float:
         due = self._batcher.next_due() if self._batcher is not None else None
@@ -216,6 +227,7 @@ class BatchingStage(StreamStage):
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._release_idle()  # a call slot is free: what waited for one goes now
 
     async def _run_batch(self, items: list[_Pending]) -> None:
         first = items[0].request

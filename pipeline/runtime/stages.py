@@ -319,7 +319,7 @@ def retry_policy(config: RetryConfig) -> RetryPolicy:
 
 def batching_settings(config: StatelessStageConfig | DaliStageConfig) -> BatchingSettings:
     b = config.batching
-    common = b.model_dump(include={"max_batch_size", "max_inflight_batches", "max_batch_bytes"})
+    common = b.model_dump(include={"max_batch_size", "max_inflight_batches", "max_batch_bytes", "hold_partial_batches"})
     common.update(max_queue_delay_s=b.max_queue_delay_ms / 1000, max_request_bytes=config.max_request_bytes)
     if isinstance(config, DaliStageConfig):
         return BatchingSettings(**common)

@@ -56,7 +56,8 @@ requests or 100 audio chunks a second: the workers are seldom idle)."""
 STAGES = {"stateless": ["classify"], "audio": ["preprocess", "vad"]}
 """Each topology's stages; the last writes the result topic (audio: the stateful one)."""
 QUEUE_DELAY_MS = 100.0
-"""How long a request may wait to fill a batch (stateless, DALI) here: a worker frozen
+"""How long a request waits to fill a batch (stateless, DALI) here, a call slot free or not
+(``hold_partial_batches``: the batcher is work conserving by default): a worker frozen
 mid-stream then surely holds unfinished requests, which is what the fence is about."""
 
 
@@ -73,9 +74,12 @@ def workloads() -> dict[str, Workload]:
     are sent over PRODUCE_S), batches waiting up to QUEUE_DELAY_MS."""
     classify = {
         "name": "classify", "kind": "stateless", "model": "dense_classifier", **FAST_FAILURES,
-        "batching": {"max_queue_delay_ms": QUEUE_DELAY_MS, "max_inflight_batches": 4},
+        "batching": {"max_queue_delay_ms": QUEUE_DELAY_MS, "max_inflight_batches": 4, "hold_partial_batches": True},
     }
-    preprocess = {**DALI_STAGE, "batching": {"max_batch_size": 64, "max_queue_delay_ms": QUEUE_DELAY_MS}}
+    preprocess = {
+        **DALI_STAGE,
+        "batching": {"max_batch_size": 64, "max_queue_delay_ms": QUEUE_DELAY_MS, "hold_partial_batches": True},
+    }
     vad = {**SEQUENCE_STAGE, **FAST_FAILURES}
     return {
         "stateless": _with_stages(stateless(n=4800), [classify]),
