@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from pipeline.settings import Endpoints
 from pipeline.topology.model import Topology
-from workers.base import StageIO
+from workers.runtime.stream_stage import StageIO
 
 
 @dataclass(frozen=True)

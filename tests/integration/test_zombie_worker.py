@@ -7,7 +7,7 @@ in flight, A is frozen (SIGSTOP); the group drops it and B takes its partitions 
 Then A runs again (SIGCONT): whatever it had finished (results, and on the audio topology
 the streams' checkpoints and the next frames of its streams for Triton's sequence state,
 which B now drives under the same sequence ids) is due at once, before its heartbeat learns
-it is out. The membership fence (pipeline/kafka/membership.py, workers/fencing.py) holds
+it is out. The membership fence (pipeline/kafka/membership.py, workers/runtime/fencing.py) holds
 all of it until the coordinator has answered, then drops it; A rejoins and takes a share
 of the rest. Without the fence (checked once by disabling it), the audio run gave
 conflicting duplicates and streams whose last checkpoint was not the reference's.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.batching import DynamicBatcher
+from workers.stateless.batching import DynamicBatcher
 
 
 def test_releases_when_rows_reach_max() -> None:
@@ -61,11 +61,11 @@ def test_with_a_free_call_slot_the_oldest_groups_go_at_once() -> None:
     batcher.add("late", "c", rows=1, now=2.0)
     batcher.add("early", "a", rows=1, now=1.0)
     batcher.add("early", "b", rows=1, now=1.5)
-    assert batcher.release_idle(0) == [], "every call busy: the groups keep forming"
-    [first] = batcher.release_idle(1)
+    assert batcher.take_for_free_calls(0) == [], "every call busy: the groups keep forming"
+    [first] = batcher.take_for_free_calls(1)
     assert first.items == ["a", "b"], "the oldest group, whole, though far from full and not due"
-    assert [b.items for b in batcher.release_idle(4)] == [["c"]]
-    assert len(batcher) == 0 and batcher.release_idle(4) == []
+    assert [b.items for b in batcher.take_for_free_calls(4)] == [["c"]]
+    assert len(batcher) == 0 and batcher.take_for_free_calls(4) == []
 
 
 def test_with_pick_a_free_slot_takes_one_call_of_max_rows() -> None:
@@ -78,6 +78,6 @@ def test_with_pick_a_free_slot_takes_one_call_of_max_rows() -> None:
     batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=2, max_delay_s=10, pick=pick, capacity=lambda: 0)
     for i, item in enumerate("abc"):
         assert batcher.add("k", item, rows=1, now=float(i)) == [], "no capacity: nothing goes by itself"
-    [call] = batcher.release_idle(1)
+    [call] = batcher.take_for_free_calls(1)
     assert call.items == ["a", "b"] and picked == [3]
     assert len(batcher) == 1, "the rest stays, first in line"

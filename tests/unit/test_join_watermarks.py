@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.progress import backlog
 from tests.helpers.branch_graph import two_branch_graph
-from workers.event_time import EventTimeClock, now_ms
+from workers.runtime.event_time import EventTimeClock, now_ms
 
 
 def _record(partition: int, offset: int, timestamp: int) -> Any:

@@ -1,4 +1,4 @@
-"""A stateless stage runs only the features its topology asks for (workers/stage_features.py).
+"""A stateless stage runs only the features its topology asks for (workers/stateless/features.py).
 
 The stages are built by the runtime's own builder from the shipped topologies (building
 connects to nothing). ``topologies/dense.yaml`` asks for none: its stage holds no step and
@@ -18,20 +18,20 @@ from pipeline.runtime.stages import build_stages
 from pipeline.settings import Endpoints
 from pipeline.topology import load_topology
 from tests.helpers.stage_harness import ScriptedBackend, feature_requests, stage_harness
-from workers.base import StreamStage
-from workers.intake import BareIntake, SteppedIntake
-from workers.stage_features import (
+from workers.runtime.stream_stage import StreamStage
+from workers.stateless.features import (
     NO_FEATURES,
     ApplyDefaults,
+    AssignRoute,
     MirrorToShadow,
     NameTenant,
     PadToBucket,
     RenameInputs,
-    SelectRoute,
     TrimPadding,
 )
-from workers.stateless import BatchingSettings, BatchingStage
-from workers.tenancy.stage import TenantBatchingStage
+from workers.stateless.intake import BareIntake, SteppedIntake
+from workers.stateless.stage import BatchingSettings, BatchingStage
+from workers.stateless.tenancy.stage import TenantBatchingStage
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
@@ -58,8 +58,8 @@ def test_the_dense_stage_holds_no_feature_step() -> None:
     ("topology", "stage", "requests", "results", "observers", "gated"),
     [
         ("padded.yaml", None, [PadToBucket], [TrimPadding], [], False),
-        ("canary.yaml", "score", [SelectRoute], [], [MirrorToShadow], False),
-        ("tasks.yaml", None, [SelectRoute], [], [], False),
+        ("canary.yaml", "score", [AssignRoute], [], [MirrorToShadow], False),
+        ("tasks.yaml", None, [AssignRoute], [], [], False),
         ("lanes.yaml", None, [ApplyDefaults], [], [], False),
         ("tenants.yaml", None, [], [], [], True),  # the gate is the class; NameTenant only with fair_share
         ("chain.yaml", None, [RenameInputs], [], [], False),
@@ -85,13 +85,13 @@ async def test_a_bare_stage_calls_no_features_code_per_record(monkeypatch: pytes
         raise AssertionError("a feature's code ran on the bare path")
 
     for target in (
-        "workers.routing.TensorRouting.to_model",
-        "workers.padding.Padder.pad",
-        "workers.padding.Padder.trim",
-        "workers.shadow.ShadowMirror.offer",
-        "workers.tenancy.gate.TenantGate.admit",
-        "workers.stage_features.lane_priority",
-        "workers.stage_features.ApplyDefaults.applied",
+        "workers.stateless.tensor_map.TensorMap.to_model",
+        "workers.stateless.padding.Padder.pad",
+        "workers.stateless.padding.Padder.trim",
+        "workers.stateless.shadow.ShadowMirror.offer",
+        "workers.stateless.tenancy.gate.TenantGate.admit",
+        "workers.stateless.features.lane_priority",
+        "workers.stateless.features.ApplyDefaults.applied",
     ):
         monkeypatch.setattr(target, called)
     backend = ScriptedBackend()

@@ -23,7 +23,7 @@ from tests.helpers.stage_harness import (
     feature_requests,
     stage_harness,
 )
-from workers.stateless import BatchingSettings
+from workers.stateless.stage import BatchingSettings
 
 WIDTH = 4  # features per row; request i's rows are all i, so its score is WIDTH * i
 

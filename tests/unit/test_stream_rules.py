@@ -14,9 +14,9 @@ from aiokafka.structs import TopicPartition
 from pipeline.contract.records import read_dead_letter
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.base import StageIO
-from workers.event_time import EventTimeClock, now_ms
-from workers.join import JoinSettings, JoinStage, JoinState
+from workers.join.stage import JoinSettings, JoinStage, JoinState
+from workers.runtime.event_time import EventTimeClock, now_ms
+from workers.runtime.stream_stage import StageIO
 from workers.sequence.chunks import Chunk, Placement, placement
 from workers.sequence.model import sequence_id
 from workers.sequence.state import StreamState

@@ -22,9 +22,9 @@ from pipeline.runtime.runner import _bounded_shutdown
 from pipeline.runtime.stages import stall_after_s
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.topology.model import Topology
-from workers.base import StageIO, StreamStage
-from workers.dali import DaliAudioBackend, DaliRunTimeout, DaliSettings
-from workers.triton_backend import call_timeout
+from workers.runtime.stream_stage import StageIO, StreamStage
+from workers.stateless.dali import DaliAudioBackend, DaliRunTimeout, DaliSettings
+from workers.stateless.triton_backend import call_timeout
 
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
 

@@ -1,12 +1,12 @@
 """A stateless stage's optional features, as the steps its builder assembles.
 
-The bare path of :class:`~workers.stateless.BatchingStage` is decode, check, batch, call,
+The bare path of :class:`~workers.stateless.stage.BatchingStage` is decode, check, batch, call,
 encode. Everything else a topology may ask for is a step added here by the builder
 (:func:`pipeline.runtime.stages.build_stateless`), never an ``if`` the bare path asks per
 record:
 
 - **request steps**, in order, on each decoded request before the backend checks it:
-  the tensor map in (:class:`RenameInputs`), the route's model (:class:`SelectRoute`),
+  the tensor map in (:class:`RenameInputs`), the route's model (:class:`AssignRoute`),
   the length bucket (:class:`PadToBucket`), the stage's and the lanes' defaults
   (:class:`ApplyDefaults`), the tenant that fair batches share rows by (:class:`NameTenant`);
 - **result steps** on each request's model outputs (:class:`TrimPadding`);
@@ -29,13 +29,13 @@ import numpy as np
 from pipeline.contract.request import InferenceRequest
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.topology.lanes import Lane
-from workers.lanes import lane_priority
-from workers.padding import Padder
-from workers.routing import TensorRouting
-from workers.shadow import ShadowCopy, ShadowMirror
+from workers.runtime.lanes import lane_priority
+from workers.stateless.padding import Padder
+from workers.stateless.shadow import ShadowCopy, ShadowMirror
+from workers.stateless.tensor_map import TensorMap
 
-Selector = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
-"""Re-addresses a decoded request to the model of its route (:mod:`workers.routed_backend`)."""
+RouteAssigner = Callable[[ConsumedRecord, InferenceRequest], InferenceRequest]
+"""Re-addresses a decoded request to the model of its route (:mod:`workers.stateless.routed_backend`)."""
 
 
 @dataclass
@@ -83,20 +83,20 @@ class BatchObserver(Protocol):
 class RenameInputs:
     """The tensor map in (``input_map``): the model's inputs under its own names."""
 
-    routing: TensorRouting
+    tensor_map: TensorMap
 
     def __call__(self, draft: Draft) -> None:
-        draft.request = self.routing.to_model(draft.request)
+        draft.request = self.tensor_map.to_model(draft.request)
 
 
 @dataclass(frozen=True)
-class SelectRoute:
+class AssignRoute:
     """``routes:``: the request goes to the model of its route."""
 
-    select: Selector
+    assign: RouteAssigner
 
     def __call__(self, draft: Draft) -> None:
-        draft.request = self.select(draft.record, draft.request)
+        draft.request = self.assign(draft.record, draft.request)
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class TrimPadding:
 
 
 class StageDefaults(Protocol):
-    """The stage settings :class:`ApplyDefaults` reads (:class:`workers.stateless.BatchingSettings`)."""
+    """The stage settings :class:`ApplyDefaults` reads (:class:`workers.stateless.stage.BatchingSettings`)."""
 
     @property
     def default_deadline_ms(self) -> int | None: ...
@@ -135,7 +135,7 @@ class StageDefaults(Protocol):
 @dataclass(frozen=True)
 class ApplyDefaults:
     """Where the request sets none: a deadline from the record's timestamp, its lane's
-    priority (:mod:`workers.lanes`) or the stage's, a timeout."""
+    priority (:mod:`workers.runtime.lanes`) or the stage's, a timeout."""
 
     settings: StageDefaults
     lanes: tuple[Lane, ...] = ()
@@ -167,7 +167,7 @@ class ApplyDefaults:
 @dataclass(frozen=True)
 class NameTenant:
     """Fair batches (``tenants.fair_share``): the record's tenant, whose rows the batcher
-    shares out (:func:`workers.tenancy.fair_share.fair_pick`)."""
+    shares out (:func:`workers.stateless.tenancy.fair_share.fair_pick`)."""
 
     tenant_of: Callable[[ConsumedRecord], str]
 
@@ -203,8 +203,8 @@ NO_FEATURES = StageFeatures()
 def assemble(
     settings: StageDefaults,
     *,
-    routing: TensorRouting,
-    select: Selector | None = None,
+    tensor_map: TensorMap,
+    assign_route: RouteAssigner | None = None,
     padding: Padder | None = None,
     lanes: Sequence[Lane] = (),
     shadow: ShadowMirror | None = None,
@@ -212,10 +212,10 @@ def assemble(
 ) -> StageFeatures:
     """The steps a stage needs for what its topology asks: none for none of it."""
     requests: list[RequestStep] = []
-    if routing.input_map:
-        requests.append(RenameInputs(routing))
-    if select is not None:
-        requests.append(SelectRoute(select))
+    if tensor_map.input_map:
+        requests.append(RenameInputs(tensor_map))
+    if assign_route is not None:
+        requests.append(AssignRoute(assign_route))
     if padding is not None:
         requests.append(PadToBucket(padding))
     if ApplyDefaults.wanted(settings, lanes):

@@ -3,7 +3,7 @@
 The bare path decodes the Open Inference Protocol request (the contract's trust boundary)
 and lets the backend check it. Whatever else a topology asks for on the way (tensor maps,
 routes, padding, defaults, fair tenants) is a request step the stage's features assembled
-(:mod:`workers.stage_features`), run here in order between the two. Raises only
+(:mod:`workers.stateless.features`), run here in order between the two. Raises only
 :class:`BadRequest`, which the stage dead-letters.
 """
 
@@ -14,8 +14,8 @@ from typing import Protocol
 
 from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.kafka.records import ConsumedRecord
-from workers.backend import BatchBackend
-from workers.stage_features import Draft, RequestStep
+from workers.stateless.backend import BatchBackend
+from workers.stateless.features import Draft, RequestStep
 
 
 @dataclass(frozen=True)

@@ -42,15 +42,15 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_trace
 from pipeline.observability.tracing import call_span
 from pipeline.settings import KafkaSettings
-from workers.backend import BatchBackend, BatchOutput
-from workers.base import StageIO, StreamStage
-from workers.batching import Batch, DynamicBatcher
-from workers.fair_gate import FairGate
-from workers.intake import request_intake
-from workers.padding import Padder
-from workers.routing import TensorRouting
-from workers.shadow import ShadowMirror
-from workers.stage_features import Selector, assemble
+from workers.runtime.stream_stage import StageIO, StreamStage
+from workers.stateless.backend import BatchBackend, BatchOutput
+from workers.stateless.batching import Batch, DynamicBatcher
+from workers.stateless.call_slots import CallSlots
+from workers.stateless.features import RouteAssigner, assemble
+from workers.stateless.intake import request_intake
+from workers.stateless.padding import Padder
+from workers.stateless.shadow import ShadowMirror
+from workers.stateless.tensor_map import TensorMap
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class _Pending:
 
 class BatchingStage(StreamStage):
     """Dynamic batching in front of any :class:`BatchBackend`; the optional features run as
-    the steps :func:`workers.stage_features.assemble` picked for them, and only those."""
+    the steps :func:`workers.stateless.features.assemble` picked for them, and only those."""
 
     def __init__(
         self,
@@ -95,26 +95,26 @@ class BatchingStage(StreamStage):
         kafka: KafkaSettings,
         metrics: PipelineMetrics,
         warmup: bool = False,
-        routing: TensorRouting | None = None,
+        tensor_map: TensorMap | None = None,
         padding: Padder | None = None,
-        select: Selector | None = None,
+        assign_route: RouteAssigner | None = None,
         shadow: ShadowMirror | None = None,
         tenant_of: Callable[[ConsumedRecord], str] | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.backend = backend
-        self.routing = routing or TensorRouting()
+        self.tensor_map = tensor_map or TensorMap()
         self.settings = settings
         self.padding = padding
         self.shadow = shadow
         self.features = assemble(
-            settings, routing=self.routing, select=select, padding=padding, lanes=io.lanes, shadow=shadow, tenant_of=tenant_of
+            settings, tensor_map=self.tensor_map, assign_route=assign_route, padding=padding, lanes=io.lanes, shadow=shadow, tenant_of=tenant_of
         )
         self.intake = request_intake(backend, settings.max_request_bytes, self.features.requests)
         self._warmup = warmup
         self._batcher: DynamicBatcher[_Pending] | None = None
         # Round-robin across models when batches queue (task routes); FIFO with one model.
-        self._inflight = FairGate(settings.max_inflight_batches)
+        self._inflight = CallSlots(settings.max_inflight_batches)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[_Pending]:
@@ -193,7 +193,7 @@ class BatchingStage(StreamStage):
         if self._batcher is None or self.settings.hold_partial_batches:
             return
         room = self.settings.max_inflight_batches - len(self._tasks)
-        for batch in self._batcher.release_idle(room) if room > 0 else ():
+        for batch in self._batcher.take_for_free_calls(room) if room > 0 else ():
             self._dispatch(batch)
 
     def next_tick_s(self) -> float:
@@ -306,7 +306,7 @@ class BatchingStage(StreamStage):
         for step in self.features.results:
             outputs = step(outputs, item.length)
         try:
-            tensors, datatypes = self.routing.from_model(item.message, outputs)
+            tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
             if self.io.emit_requests:
                 value, content_type = forward_request(item.message, tensors, datatypes)
             else:

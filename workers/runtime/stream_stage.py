@@ -46,12 +46,12 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
 from pipeline.settings import KafkaSettings
 from pipeline.topology.lanes import Lane
-from workers.dead_letters import dead_letter_of
-from workers.fencing import StageFence
-from workers.flow_control import FlowControl
-from workers.lag import ConsumerLag
-from workers.lanes import LaneScheduler
-from workers.outcomes import StageOutcomes
+from workers.runtime.dead_letters import dead_letter_of
+from workers.runtime.fencing import StageFence
+from workers.runtime.flow_control import FlowControl
+from workers.runtime.lag import ConsumerLag
+from workers.runtime.lanes import LaneScheduler
+from workers.runtime.outcomes import StageOutcomes
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class StageIO:
     more_input_topics: tuple[str, ...] = ()
     """Joins read several co-partitioned topics; partition p of each goes to one worker."""
     lanes: tuple[Lane, ...] = ()
-    """Priority lanes, highest first, the last one ``input_topic`` (:mod:`workers.lanes`)."""
+    """Priority lanes, highest first, the last one ``input_topic`` (:mod:`workers.runtime.lanes`)."""
     limits: RecordLimits = field(default_factory=RecordLimits)
     """Record sizes the clients handle (from the topology's largest accepted request)."""
     claim_checks: ClaimCheckStore | None = None

@@ -4,15 +4,15 @@ A group is keyed by everything that must be equal inside one Triton call
 (model, version, tensor names, dtypes and per-row shapes, requested outputs,
 priority, timeout). Requests of different shapes therefore never share a
 batch (a stage with ``padding:`` pads requests to their length bucket before they are
-keyed, :mod:`workers.padding`). A group is released when it holds
+keyed, :mod:`workers.stateless.padding`). A group is released when it holds
 ``max_rows`` rows (or ``max_bytes`` of payload: 64 rows of 16 MiB must not become one
 1 GiB gRPC call; or ``max_elements`` tensor elements: 64 rows padded to 4096 positions
 cost Triton what their padded size says, not what their rows say) or its oldest
 request has waited ``max_delay_s``, or, at once, when a call slot is free and the stage
-has nothing more on hand (:meth:`DynamicBatcher.release_idle`): below saturation the
+has nothing more on hand (:meth:`DynamicBatcher.take_for_free_calls`): below saturation the
 batcher adds no wait, and batches form only while every call is busy.
 
-With a ``pick`` hook (tenant fairness, :mod:`workers.tenancy.fair_share`) a group is
+With a ``pick`` hook (tenant fairness, :mod:`workers.stateless.tenancy.fair_share`) a group is
 released only while the stage has an in-flight slot free (``capacity``): until then it
 keeps growing past ``max_rows``, and when a call can start, ``pick`` chooses which of its
 requests go (the rest stay, first in line for the next call). Batches then form when
@@ -121,7 +121,7 @@ class DynamicBatcher(Generic[T]):
         ready = [k for k, g in self._open.items() if now - g.opened_at >= self.max_delay_s]
         return [self._open.pop(k) for k in ready]
 
-    def release_idle(self, room: int) -> list[Batch[T]]:
+    def take_for_free_calls(self, room: int) -> list[Batch[T]]:
         """Work conserving: ``room`` calls are free and the stage holds nothing more (it has
         handled all it fetched), so waiting for a group to fill would only add latency. The
         oldest groups go now, one call each, up to ``room`` (``pick``: ``max_rows`` of them

@@ -1,8 +1,8 @@
 """A stateless stage with tenant quotas: the plain stage with the tenant gate in front.
 
 The builder picks this class only for a stage with ``tenants:``; a stage without them
-never runs the gate (:mod:`workers.stage_features`). Every record passes
-:class:`~workers.tenancy.gate.TenantGate` before it is decoded; delayed records that come
+never runs the gate (:mod:`workers.stateless.features`). Every record passes
+:class:`~workers.stateless.tenancy.gate.TenantGate` before it is decoded; delayed records that come
 due pass it again on the stage's tick; on a rebalance or shutdown the records it holds go
 back to the delay topic. With ``fair_share`` the stage batches with its own batcher: a
 batch forms when a call can start and shares its rows among the waiting tenants.
@@ -18,15 +18,15 @@ from pipeline.kafka.outbox import Outputs
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.backend import BatchBackend
-from workers.base import StageIO
-from workers.batching import DynamicBatcher
-from workers.padding import Padder
-from workers.routing import TensorRouting
-from workers.shadow import ShadowMirror
-from workers.stage_features import Selector
-from workers.stateless import BatchingSettings, BatchingStage, _Pending
-from workers.tenancy.gate import StageHooks, TenancySettings, TenantGate, stage_batcher
+from workers.runtime.stream_stage import StageIO
+from workers.stateless.backend import BatchBackend
+from workers.stateless.batching import DynamicBatcher
+from workers.stateless.features import RouteAssigner
+from workers.stateless.padding import Padder
+from workers.stateless.shadow import ShadowMirror
+from workers.stateless.stage import BatchingSettings, BatchingStage, _Pending
+from workers.stateless.tenancy.gate import StageHooks, TenancySettings, TenantGate, stage_batcher
+from workers.stateless.tensor_map import TensorMap
 
 
 class TenantBatchingStage(BatchingStage):
@@ -42,9 +42,9 @@ class TenantBatchingStage(BatchingStage):
         kafka: KafkaSettings,
         metrics: PipelineMetrics,
         warmup: bool = False,
-        routing: TensorRouting | None = None,
+        tensor_map: TensorMap | None = None,
         padding: Padder | None = None,
-        select: Selector | None = None,
+        assign_route: RouteAssigner | None = None,
         shadow: ShadowMirror | None = None,
     ) -> None:
         hooks = StageHooks(
@@ -58,7 +58,7 @@ class TenantBatchingStage(BatchingStage):
         tenant_of = self._gate.tenant_or_none if self._fair else None
         super().__init__(
             io, backend, settings, kafka=kafka, metrics=metrics, warmup=warmup,
-            routing=routing, padding=padding, select=select, shadow=shadow, tenant_of=tenant_of,
+            tensor_map=tensor_map, padding=padding, assign_route=assign_route, shadow=shadow, tenant_of=tenant_of,
         )  # fmt: skip
 
     def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[_Pending]:
@@ -77,7 +77,7 @@ class TenantBatchingStage(BatchingStage):
         await super().tick()
 
     async def release(self, partitions: list[Any] | None = None) -> None:
-        self._gate.release(partitions)  # held delayed records go back to the delay topic
+        self._gate.return_held(partitions)  # held delayed records go back to the delay topic
         await super().release(partitions)
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
