@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.cli import main as pipeline_main
 from pipeline.kafka import clients
-from workers.runtime import stream_stage
+from workers.runtime import stage_clients
 
 
 def _main() -> None:
@@ -38,7 +38,7 @@ def _main() -> None:
             overrides.setdefault("fetch_max_wait_ms", wait_ms)
             return original(settings, *topics, group_id=group_id, **overrides)
 
-        stream_stage.make_consumer = make_consumer  # type: ignore[assignment]
+        stage_clients.make_consumer = make_consumer  # type: ignore[assignment]
     patch = os.environ.get("BENCH_STAGE_PATCH")
     if patch:
         code = compile(Path(patch).read_text(), patch, "exec")

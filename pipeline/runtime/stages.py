@@ -35,7 +35,8 @@ from pipeline.topology.model import (
     Topology,
 )
 from workers.join.stage import JoinSettings, JoinStage
-from workers.runtime.stream_stage import StageIO, StreamStage
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
 from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings

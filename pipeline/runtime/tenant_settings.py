@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipeline.topology.tenants import TenantsConfig
-from workers.runtime.stream_stage import StageIO
+from workers.runtime.stage_io import StageIO
 from workers.stateless.tenancy.gate import TenancySettings
 from workers.stateless.tenancy.quotas import QuotaSpec
 

@@ -30,7 +30,8 @@ from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.runtime.stream_stage import StageIO, StreamStage
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
 
 GUARD_SWITCH = "PIPELINE_TEST_OFFSET_GUARD"
 

@@ -46,7 +46,7 @@ from pipeline.kafka.outbox import Outbox
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.tracing import CallSpan
 from pipeline.settings import KafkaSettings
-from workers.runtime.stream_stage import StageIO
+from workers.runtime.stage_io import StageIO
 from workers.stateless.backend import BatchOutput
 from workers.stateless.padding import Padder
 from workers.stateless.stage import BatchingSettings, BatchingStage

@@ -33,7 +33,7 @@ from tests.helpers.branch_graph import two_branch_graph
 from workers.join.expiry import expiry_rules
 from workers.join.stage import JoinSettings, JoinStage, JoinState, JoinStateCodec
 from workers.runtime.event_time import now_ms
-from workers.runtime.stream_stage import StageIO
+from workers.runtime.stage_io import StageIO
 from workers.runtime.upstream import UpstreamWatch, watched_clock
 
 REPO = Path(__file__).resolve().parents[2]

@@ -291,7 +291,7 @@ def test_a_lanes_priority_reaches_triton_unless_the_request_names_its_own() -> N
 
     from pipeline.contract.request import decode_request, encode_request
     from pipeline.settings import KafkaSettings
-    from workers.runtime.stream_stage import StageIO
+    from workers.runtime.stage_io import StageIO
     from workers.stateless.features import ApplyDefaults
     from workers.stateless.stage import BatchingSettings, BatchingStage
 

@@ -16,7 +16,7 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from workers.join.stage import JoinSettings, JoinStage, JoinState
 from workers.runtime.event_time import EventTimeClock, now_ms
-from workers.runtime.stream_stage import StageIO
+from workers.runtime.stage_io import StageIO
 from workers.sequence.chunks import Chunk, Placement, placement
 from workers.sequence.model import sequence_id
 from workers.sequence.state import StreamState

@@ -22,7 +22,8 @@ from pipeline.runtime.runner import _bounded_shutdown
 from pipeline.runtime.stages import stall_after_s
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.topology.model import Topology
-from workers.runtime.stream_stage import StageIO, StreamStage
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
 from workers.stateless.dali import DaliAudioBackend, DaliRunTimeout, DaliSettings
 from workers.stateless.triton_backend import call_timeout
 

@@ -57,8 +57,8 @@ from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
 from workers.join.expiry import Judged, Rule, expiry_reason, expiry_rules
 from workers.runtime.dead_letters import dead_letter_record
 from workers.runtime.event_time import LATE_GRACE_MS, EventTimeClock, now_ms, reading_starts
+from workers.runtime.stage_io import StageIO
 from workers.runtime.stateful import StatefulStage
-from workers.runtime.stream_stage import StageIO
 from workers.runtime.upstream import UpstreamWatch, highwater_or_end
 
 log = logging.getLogger(__name__)

@@ -20,83 +20,36 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import TopicPartition
 
 from pipeline.contract.errors import ErrorClass
-from pipeline.deadletter.claim_check import ClaimCheckStore
-from pipeline.deadletter.oversize import OversizeOutputs
 from pipeline.kafka.clients import (
-    RecordLimits,
-    detect_idempotence,
     failing_in_one_line,
-    make_consumer,
-    make_producer,
 )
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
-from pipeline.kafka.replies import stage_replies
 from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
 from pipeline.settings import KafkaSettings
-from pipeline.topology.lanes import Lane
 from workers.runtime.dead_letters import dead_letter_of
 from workers.runtime.fencing import StageFence
 from workers.runtime.flow_control import FlowControl
 from workers.runtime.lag import ConsumerLag
 from workers.runtime.lanes import LaneScheduler
 from workers.runtime.outcomes import StageOutcomes
+from workers.runtime.stage_clients import open_clients
+from workers.runtime.stage_io import StageIO
 
 log = logging.getLogger(__name__)
 
 HEAVY_RECORD_BYTES = 256 * 1024
 
 S = TypeVar("S")
-
-@dataclass(frozen=True)
-class StageIO:
-    """Where a stage reads and writes, and how much it may hold."""
-
-    stage: str
-    group_id: str
-    input_topic: str
-    output_topic: str
-    dead_letter_topic: str
-    max_pending: int = 4096
-    max_pending_bytes: int = 256 * 1024 * 1024
-    """Bytes of consumed, unfinished records; above it consumption pauses (4,096 x 64 MiB
-    records must not fit in memory just because the count is under max_pending)."""
-    drain_timeout_s: float = 20.0
-    """Shutdown: release, flush and commit within this; then unfinished work is abandoned
-    (left uncommitted) and the clients close (each close bounded by ``close_timeout_s``)."""
-    close_timeout_s: float = 3.0
-    stall_after_s: float = 60.0
-    """Watchdog: a partition whose oldest unfinished record is older than this is stalled."""
-    emit_requests: bool = False
-    """True when the output feeds another stage: outputs are encoded as its requests."""
-    more_input_topics: tuple[str, ...] = ()
-    """Joins read several co-partitioned topics; partition p of each goes to one worker."""
-    lanes: tuple[Lane, ...] = ()
-    """Priority lanes, highest first, the last one ``input_topic`` (:mod:`workers.runtime.lanes`)."""
-    limits: RecordLimits = field(default_factory=RecordLimits)
-    """Record sizes the clients handle (from the topology's largest accepted request)."""
-    claim_checks: ClaimCheckStore | None = None
-    """Where dead letters over ``limits.dead_letter_max_bytes`` keep their payload (None: not kept)."""
-    reply_prefix: str | None = None
-    """Set on the stage writing the topology's result topic: results whose ``reply-topic``
-    is under this prefix go there instead (:mod:`pipeline.contract.reply`)."""
-
-    @property
-    def input_topics(self) -> list[str]:
-        lanes = [lane.topic for lane in self.lanes if lane.topic != self.input_topic]
-        return [self.input_topic, *self.more_input_topics, *lanes]
-
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, stage: StreamStage) -> None:
@@ -254,29 +207,8 @@ class StreamStage(abc.ABC):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         await self.setup()
-        await detect_idempotence(self.kafka)  # idempotent producers wherever the broker serves them
-        self._producer = make_producer(self.kafka, limits=self.io.limits)
-        await self._producer.start()
-        extra: dict[str, object] = {}
-        if self.io.more_input_topics:
-            # Range gives a worker the same partition numbers of every topic (co-partitioning).
-            extra["partition_assignment_strategy"] = (RangePartitionAssignor,)
-        self._consumer = make_consumer(self.kafka, group_id=self.io.group_id, limits=self.io.limits, **extra)
-        oversize = OversizeOutputs(
-            stage=self.io.stage,
-            dead_letter_topic=self.io.dead_letter_topic,
-            limits=self.io.limits,
-            store=self.io.claim_checks,
-            on_claim_check=lambda outcome: self.metrics.claim_checks.labels(self.io.stage, outcome).inc(),
-        )
-        self._outbox = Outbox(
-            self._producer, self._consumer, on_acknowledged=self.outcomes.acknowledged, oversize=oversize,
-            fence=self.fence.watch(self._consumer, self.io.stage, self.metrics),
-            replies=stage_replies(self._producer, self.io.stage, self.io.output_topic, self.io.reply_prefix, self.metrics),
-            batch_sends=self.kafka.batch_sends,
-        )
-        self._consumer.subscribe(self.io.input_topics, listener=_Rebalance(self))
-        await self._consumer.start()
+        clients = await open_clients(self.io, self.kafka, self.metrics, self.outcomes, self.fence, _Rebalance(self))
+        self._producer, self._consumer, self._outbox = clients.producer, clients.consumer, clients.outbox
         self.ready = True
 
     async def run(self, stop: asyncio.Event) -> None:

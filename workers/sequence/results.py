@@ -16,7 +16,7 @@ from pipeline.contract.records import result_headers
 from pipeline.contract.request import InferenceRequest
 from pipeline.contract.response import encode_response
 from pipeline.kafka.outbox import OutRecord
-from workers.runtime.stream_stage import StageIO
+from workers.runtime.stage_io import StageIO
 from workers.sequence.chunks import Chunk
 from workers.sequence.postprocess import Emission
 

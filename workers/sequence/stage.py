@@ -39,8 +39,8 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_span
 from pipeline.settings import KafkaSettings, TritonSettings
 from workers.runtime.event_time import reading_starts
+from workers.runtime.stage_io import StageIO
 from workers.runtime.stateful import StatefulStage
-from workers.runtime.stream_stage import StageIO
 from workers.runtime.upstream import watched_clock
 from workers.sequence.checkpoints import close_pending, complete_chunk
 from workers.sequence.chunks import CHUNK_INDEX, Chunk, Placement, parse_chunk, placement

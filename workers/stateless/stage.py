@@ -8,15 +8,8 @@ batched gRPC request to Triton, one DALI pipeline run); up to
 request and complete their outbox slots, which produce them in arrival order
 and commit past them once the broker has them.
 
-Failure policy (the backend classifies each error, the loop applies it):
-- a bad request is dead-lettered at decode/validation, before it can spoil a batch;
-- an *outage* (server down, starting, shutting down) is not the request's
-  fault: the batch waits with backoff, holding its in-flight slot, so the
-  consumer pauses (bounded memory) and nothing is dead-lettered for it;
-- a *transient* error (UNAVAILABLE, timeout from a live server) is retried with
-  backoff up to ``retry.max_attempts``; then the requests are dead-lettered;
-- any other error for a batch of several requests is retried request by
-  request, so only the request that causes it is dead-lettered.
+A bad request is dead-lettered at decode/validation, before it can spoil a batch; the
+failure policy of a call, and each request's outcome, are :mod:`workers.stateless.batch_runner`'s.
 """
 
 from __future__ import annotations
@@ -28,22 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from pipeline.contract.errors import BadRequest, ErrorClass
-from pipeline.contract.records import result_headers
-from pipeline.contract.request import InferenceRequest, forward_request
-from pipeline.contract.response import encode_response
-from pipeline.failure_policy import FailureKind, GaveUp, RetryPolicy, call_with_retry
+from pipeline.failure_policy import RetryPolicy
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import Outputs, OutRecord
+from pipeline.kafka.outbox import Outputs
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_trace
-from pipeline.observability.tracing import call_span
 from pipeline.settings import KafkaSettings
-from workers.runtime.stream_stage import StageIO, StreamStage
-from workers.stateless.backend import BatchBackend, BatchOutput
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
+from workers.stateless.backend import BatchBackend
+from workers.stateless.batch_runner import BatchRunner, Pending, expired
 from workers.stateless.batching import Batch, DynamicBatcher
 from workers.stateless.call_slots import CallSlots
 from workers.stateless.features import RouteAssigner, assemble
@@ -67,19 +56,6 @@ class BatchingSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_request_bytes: int = 16 * 1024 * 1024
     max_batch_bytes: int | None = 64 * 1024 * 1024
-
-
-@dataclass(eq=False)
-class _Pending:
-    record: ConsumedRecord
-    slot: Slot[Outputs]
-    request: InferenceRequest  # as the backend sees it (model tensor names)
-    message: InferenceRequest  # as it arrived (topology tensor names)
-    prepared: object
-    rows: int
-    enqueued: float
-    length: int | None = None  # the true length of a padded request (its outputs are trimmed to it)
-    tenant: str = ""  # tenant quotas: whose request (fair batches)
 
 
 class BatchingStage(StreamStage):
@@ -111,13 +87,17 @@ class BatchingStage(StreamStage):
             settings, tensor_map=self.tensor_map, assign_route=assign_route, padding=padding, lanes=io.lanes, shadow=shadow, tenant_of=tenant_of
         )
         self.intake = request_intake(backend, settings.max_request_bytes, self.features.requests)
+        self.runner = BatchRunner(
+            io, backend, settings.retry, metrics, self.tensor_map, self.features.results,
+            lambda slot, output: self.outbox.complete(slot, output), self.dead_letter, self.outcomes.retried,
+        )  # fmt: skip
         self._warmup = warmup
-        self._batcher: DynamicBatcher[_Pending] | None = None
+        self._batcher: DynamicBatcher[Pending] | None = None
         # Round-robin across models when batches queue (task routes); FIFO with one model.
         self._inflight = CallSlots(settings.max_inflight_batches)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[_Pending]:
+    def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[Pending]:
         s = self.settings
         return DynamicBatcher(max_rows, s.max_queue_delay_s, s.max_batch_bytes, max_elements)
 
@@ -166,11 +146,11 @@ class BatchingStage(StreamStage):
             self.dead_letter(record, slot, bad.error_class, bad.reason)
             return
         request = admitted.request
-        if _expired(request):
+        if expired(request):
             self.dead_letter(record, slot, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded before batching")
             return
         rows = self.backend.rows(request)
-        pending = _Pending(
+        pending = Pending(
             record, slot, request, admitted.message, admitted.prepared, rows, time.monotonic(), admitted.length, admitted.tenant
         )
         if (trace := record_trace(slot)) is not None:
@@ -218,7 +198,7 @@ class BatchingStage(StreamStage):
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.io.close_timeout_s)
 
-    def _dispatch(self, batch: Batch[_Pending]) -> None:
+    def _dispatch(self, batch: Batch[Pending]) -> None:
         task = asyncio.create_task(self._run_batch(batch.items), name=f"{self.io.stage}-batch")
         self._tasks.add(task)
         task.add_done_callback(self._batch_done)
@@ -229,7 +209,7 @@ class BatchingStage(StreamStage):
         self._tasks.discard(task)
         self._release_idle()  # a call slot is free: what waited for one goes now
 
-    async def _run_batch(self, items: list[_Pending]) -> None:
+    async def _run_batch(self, items: list[Pending]) -> None:
         first = items[0].request
         async with self._inflight.slot((first.model_name, first.model_version)):
             gauge = self.metrics.inflight_batches.labels(self.io.stage)
@@ -238,118 +218,12 @@ class BatchingStage(StreamStage):
             gauge.inc()
             held.inc(size)
             try:
-                await self._serve(items)
+                await self.runner.serve(items)
             except Exception as exc:
                 log.exception("%s: batch failed unexpectedly", self.io.stage)
                 for item in items:
-                    self._fail(item, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
+                    self.runner.fail(item, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
             finally:
                 gauge.dec()
                 held.dec(size)
 
-    async def _serve(self, items: list[_Pending]) -> None:
-        """Run the batch under the failure policy until every item has an output."""
-        live = items
-
-        async def attempt() -> BatchOutput | None:
-            nonlocal live
-            live = self._drop_expired(live)  # a request may expire between attempts
-            return await self._call(live) if live else None
-
-        try:
-            output = await call_with_retry(
-                attempt,
-                self.backend.classify,
-                self.settings.retry,
-                label=f"{self.io.stage}: {self.backend.name}",
-                on_retry=self.outcomes.retried,
-            )
-        except GaveUp as gave_up:
-            if gave_up.failure.kind is FailureKind.PERMANENT and len(live) > 1:
-                # Find the culprit: each request alone (the others may well succeed), one
-                # after another inside this batch's in-flight slot, so a split never
-                # exceeds max_inflight_batches calls.
-                for item in live:
-                    await self._serve([item])
-            else:
-                for item in live:
-                    self._fail(item, gave_up.failure.error_class, gave_up.failure.reason)
-            return
-        if output is not None:
-            for item, outputs in zip(live, output.outputs, strict=True):
-                self._succeed(item, outputs, output.model_name, output.model_version, output.route)
-
-    async def _call(self, items: list[_Pending]) -> BatchOutput:
-        now = time.monotonic()
-        queue_delay = self.metrics.queue_delay.labels(self.io.stage)
-        for item in items:
-            queue_delay.observe(now - item.enqueued)
-        rows = sum(item.rows for item in items)
-        self.metrics.batch_size.labels(self.io.stage).observe(rows)
-        # Tracing: each record's wait ends; the call is one span, child of the first record's
-        # span (a batch of one is one tree) and linked to every record's.
-        spans = []
-        for item in items:
-            if (trace := record_trace(item.slot)) is not None:
-                trace.dequeued(len(items))
-                spans.append(trace.span)
-        batch = {"pipeline.batch.rows": rows, "pipeline.batch.requests": len(items)} if spans else None
-        started = time.perf_counter()
-        with call_span(self.backend.call_span, spans[0] if spans else None, spans, batch):
-            output = await self.backend.run([item.request for item in items], [item.prepared for item in items])
-        self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
-        return output
-
-    def _succeed(
-        self, item: _Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
-    ) -> None:
-        for step in self.features.results:
-            outputs = step(outputs, item.length)
-        try:
-            tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
-            if self.io.emit_requests:
-                value, content_type = forward_request(item.message, tensors, datatypes)
-            else:
-                value, content_type = encode_response(
-                    item.message, tensors, model_name=model, model_version=version, parameters=item.message.parameters
-                )
-        except BadRequest as bad:
-            self._fail(item, bad.error_class, bad.reason)
-            return
-        headers = result_headers(
-            list(item.record.headers or ()),
-            correlation_id=item.request.correlation_id,
-            stage=self.io.stage,
-            model_name=model,
-            model_version=version,
-            content_type=content_type,
-            route=route,
-        )
-        self.outbox.complete(
-            item.slot,
-            OutRecord(
-                topic=self.io.output_topic,
-                key=item.record.key,
-                value=value,
-                headers=headers,
-                request_timestamp_ms=item.record.timestamp,
-                timestamp_ms=item.record.timestamp if self.io.emit_requests else None,
-            ),
-        )
-
-    def _fail(self, item: _Pending, error_class: ErrorClass, reason: str) -> None:
-        self.dead_letter(item.record, item.slot, error_class, reason)
-
-    def _drop_expired(self, items: list[_Pending]) -> list[_Pending]:
-        """Dead-letter requests whose deadline passed while they waited; keep the rest."""
-        live = []
-        for item in items:
-            if _expired(item.request):
-                self._fail(item, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded while queued")
-            else:
-                live.append(item)
-        return live
-
-
-def _expired(request: InferenceRequest) -> bool:
-    return request.expired(int(time.time() * 1000))

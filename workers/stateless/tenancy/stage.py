@@ -18,13 +18,14 @@ from pipeline.kafka.outbox import Outputs
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.runtime.stream_stage import StageIO
+from workers.runtime.stage_io import StageIO
 from workers.stateless.backend import BatchBackend
+from workers.stateless.batch_runner import Pending
 from workers.stateless.batching import DynamicBatcher
 from workers.stateless.features import RouteAssigner
 from workers.stateless.padding import Padder
 from workers.stateless.shadow import ShadowMirror
-from workers.stateless.stage import BatchingSettings, BatchingStage, _Pending
+from workers.stateless.stage import BatchingSettings, BatchingStage
 from workers.stateless.tenancy.gate import StageHooks, TenancySettings, TenantGate, stage_batcher
 from workers.stateless.tensor_map import TensorMap
 
@@ -61,7 +62,7 @@ class TenantBatchingStage(BatchingStage):
             tensor_map=tensor_map, padding=padding, assign_route=assign_route, shadow=shadow, tenant_of=tenant_of,
         )  # fmt: skip
 
-    def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[_Pending]:
+    def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[Pending]:
         if not self._fair:
             return super()._new_batcher(max_rows, max_elements)
         return stage_batcher(max_rows, self.settings, self._tasks, fair=True, max_elements=max_elements)

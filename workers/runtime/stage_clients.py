@@ -1,0 +1,66 @@
+"""A stage's Kafka clients and outbox, built the one way every stage kind uses.
+
+One producer and one consumer per stage. A stage reading several co-partitioned topics
+(a join) gets the range assignor, so partition ``p`` of each goes to one worker. The
+outbox between them is given the stage's size limits (oversize outputs become
+claim-check dead letters), its membership fence, and its reply-topic redirect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from pipeline.deadletter.oversize import OversizeOutputs
+from pipeline.kafka.clients import detect_idempotence, make_consumer, make_producer
+from pipeline.kafka.outbox import Outbox
+from pipeline.kafka.replies import stage_replies
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.settings import KafkaSettings
+from workers.runtime.fencing import StageFence
+from workers.runtime.outcomes import StageOutcomes
+from workers.runtime.stage_io import StageIO
+
+
+@dataclass(frozen=True)
+class StageClients:
+    producer: AIOKafkaProducer
+    consumer: AIOKafkaConsumer
+    outbox: Outbox
+
+
+async def open_clients(
+    io: StageIO,
+    kafka: KafkaSettings,
+    metrics: PipelineMetrics,
+    outcomes: StageOutcomes,
+    fence: StageFence,
+    listener: ConsumerRebalanceListener,
+) -> StageClients:
+    """Start the producer, subscribe and start the consumer (``listener`` sees rebalances)."""
+    await detect_idempotence(kafka)  # idempotent producers wherever the broker serves them
+    producer = make_producer(kafka, limits=io.limits)
+    await producer.start()
+    extra: dict[str, object] = {}
+    if io.more_input_topics:
+        # Range gives a worker the same partition numbers of every topic (co-partitioning).
+        extra["partition_assignment_strategy"] = (RangePartitionAssignor,)
+    consumer = make_consumer(kafka, group_id=io.group_id, limits=io.limits, **extra)
+    oversize = OversizeOutputs(
+        stage=io.stage,
+        dead_letter_topic=io.dead_letter_topic,
+        limits=io.limits,
+        store=io.claim_checks,
+        on_claim_check=lambda outcome: metrics.claim_checks.labels(io.stage, outcome).inc(),
+    )
+    outbox = Outbox(
+        producer, consumer, on_acknowledged=outcomes.acknowledged, oversize=oversize,
+        fence=fence.watch(consumer, io.stage, metrics),
+        replies=stage_replies(producer, io.stage, io.output_topic, io.reply_prefix, metrics),
+        batch_sends=kafka.batch_sends,
+    )  # fmt: skip
+    consumer.subscribe(io.input_topics, listener=listener)
+    await consumer.start()
+    return StageClients(producer, consumer, outbox)
