@@ -9,7 +9,6 @@ and a new kind is one builder plus one entry here.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -41,6 +40,7 @@ from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
 from workers.stateless.dali import DaliAudioBackend, DaliSettings
+from workers.stateless.features import FeatureParts
 from workers.stateless.padding import Padder
 from workers.stateless.stage import BatchingSettings, BatchingStage
 from workers.stateless.tenancy.stage import TenantBatchingStage
@@ -69,21 +69,18 @@ def build_stateless(ctx: BuildContext, config: Stage, tensor_map: TensorMap | No
         assert isinstance(backend, TritonModelBackend)  # the topology refuses padding with routes
         model = backend
         padder = Padder(config.padding, config.name, model.model, lambda: model.description)
-    shadow = shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics)
-    tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
-    stage = BatchingStage if tenancy is None else functools.partial(TenantBatchingStage, tenancy=tenancy)
-    return stage(
-        with_delay_topic(ctx.io, tenancy),
-        backend,
-        batching_settings(config),
-        kafka=ctx.endpoints.kafka,
-        metrics=ctx.metrics,
-        warmup=config.warmup,
+    parts = FeatureParts(
         tensor_map=tensor_map,
-        assign_route=assign_route,
         padding=padder,
-        shadow=shadow,
+        assign_route=assign_route,
+        shadow=shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics),
+        warmup=config.warmup,
     )
+    tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
+    io, settings, kafka = with_delay_topic(ctx.io, tenancy), batching_settings(config), ctx.endpoints.kafka
+    if tenancy is None:
+        return BatchingStage(io, backend, settings, kafka=kafka, metrics=ctx.metrics, parts=parts)
+    return TenantBatchingStage(io, backend, settings, tenancy=tenancy, kafka=kafka, metrics=ctx.metrics, parts=parts)
 
 
 def build_dali(ctx: BuildContext, config: Stage) -> StreamStage:

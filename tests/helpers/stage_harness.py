@@ -48,9 +48,8 @@ from pipeline.observability.tracing import CallSpan
 from pipeline.settings import KafkaSettings
 from workers.runtime.stage_io import StageIO
 from workers.stateless.backend import BatchOutput
-from workers.stateless.padding import Padder
+from workers.stateless.features import FeatureParts
 from workers.stateless.stage import BatchingSettings, BatchingStage
-from workers.stateless.tensor_map import TensorMap
 
 INPUT = "requests"
 OUTPUT = "results"
@@ -301,16 +300,13 @@ async def stage_harness(
     backend: ScriptedBackend,
     settings: BatchingSettings,
     *,
-    tensor_map: TensorMap | None = None,
-    padding: Padder | None = None,
+    parts: FeatureParts = FeatureParts(),
 ) -> AsyncIterator[StageHarness]:
-    """A set-up stage over ``backend`` (with the stage's own ``tensor_map`` and ``padding``, if
-    given); on exit its running batches are cancelled and it is torn down (what is still
+    """A set-up stage over ``backend`` (with the features of ``parts``: a tensor map, padding,
+    ...); on exit its running batches are cancelled and it is torn down (what is still
     unfinished stays uncommitted, as on a real shutdown)."""
     io = StageIO("classify", "classify-group", INPUT, OUTPUT, DEAD_LETTERS, drain_timeout_s=1.0, close_timeout_s=0.5)
-    stage = BatchingStage(
-        io, backend, settings, kafka=KafkaSettings(), metrics=PipelineMetrics(), tensor_map=tensor_map, padding=padding
-    )
+    stage = BatchingStage(io, backend, settings, kafka=KafkaSettings(), metrics=PipelineMetrics(), parts=parts)
     producer, consumer = FakeProducer(), FakeConsumer()
     outbox = Outbox(producer, consumer, on_acknowledged=stage.outcomes.acknowledged, batch_sends=False)
     stage._outbox = outbox  # StreamStage.start() would build it with real clients (seam: see the module docstring)

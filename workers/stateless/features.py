@@ -21,7 +21,7 @@ step class here (or in its own module) plus one line in the builder.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -200,22 +200,31 @@ class StageFeatures:
 NO_FEATURES = StageFeatures()
 
 
+@dataclass(frozen=True)
+class FeatureParts:
+    """What the builder hands a stateless stage for its optional features (all off by default)."""
+
+    tensor_map: TensorMap = field(default_factory=TensorMap)
+    padding: Padder | None = None
+    assign_route: RouteAssigner | None = None
+    shadow: ShadowMirror | None = None
+    warmup: bool = False  # one call before consuming (not a step: setup only)
+
+
 def assemble(
     settings: StageDefaults,
+    parts: FeatureParts,
     *,
-    tensor_map: TensorMap,
-    assign_route: RouteAssigner | None = None,
-    padding: Padder | None = None,
     lanes: Sequence[Lane] = (),
-    shadow: ShadowMirror | None = None,
     tenant_of: Callable[[ConsumedRecord], str] | None = None,
 ) -> StageFeatures:
     """The steps a stage needs for what its topology asks: none for none of it."""
+    padding, shadow = parts.padding, parts.shadow
     requests: list[RequestStep] = []
-    if tensor_map.input_map:
-        requests.append(RenameInputs(tensor_map))
-    if assign_route is not None:
-        requests.append(AssignRoute(assign_route))
+    if parts.tensor_map.input_map:
+        requests.append(RenameInputs(parts.tensor_map))
+    if parts.assign_route is not None:
+        requests.append(AssignRoute(parts.assign_route))
     if padding is not None:
         requests.append(PadToBucket(padding))
     if ApplyDefaults.wanted(settings, lanes):

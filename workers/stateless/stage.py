@@ -35,11 +35,8 @@ from workers.stateless.backend import BatchBackend
 from workers.stateless.batch_runner import BatchRunner, Pending, expired
 from workers.stateless.batching import Batch, DynamicBatcher
 from workers.stateless.call_slots import CallSlots
-from workers.stateless.features import RouteAssigner, assemble
+from workers.stateless.features import FeatureParts, assemble
 from workers.stateless.intake import request_intake
-from workers.stateless.padding import Padder
-from workers.stateless.shadow import ShadowMirror
-from workers.stateless.tensor_map import TensorMap
 
 log = logging.getLogger(__name__)
 
@@ -70,28 +67,22 @@ class BatchingStage(StreamStage):
         *,
         kafka: KafkaSettings,
         metrics: PipelineMetrics,
-        warmup: bool = False,
-        tensor_map: TensorMap | None = None,
-        padding: Padder | None = None,
-        assign_route: RouteAssigner | None = None,
-        shadow: ShadowMirror | None = None,
+        parts: FeatureParts = FeatureParts(),
         tenant_of: Callable[[ConsumedRecord], str] | None = None,
     ) -> None:
         super().__init__(io, kafka, metrics)
         self.backend = backend
-        self.tensor_map = tensor_map or TensorMap()
+        self.tensor_map = parts.tensor_map
         self.settings = settings
-        self.padding = padding
-        self.shadow = shadow
-        self.features = assemble(
-            settings, tensor_map=self.tensor_map, assign_route=assign_route, padding=padding, lanes=io.lanes, shadow=shadow, tenant_of=tenant_of
-        )
+        self.padding = parts.padding
+        self.shadow = parts.shadow
+        self.features = assemble(settings, parts, lanes=io.lanes, tenant_of=tenant_of)
         self.intake = request_intake(backend, settings.max_request_bytes, self.features.requests)
         self.runner = BatchRunner(
             io, backend, settings.retry, metrics, self.tensor_map, self.features.results,
             lambda slot, output: self.outbox.complete(slot, output), self.dead_letter, self.outcomes.retried,
         )  # fmt: skip
-        self._warmup = warmup
+        self._warmup = parts.warmup
         self._batcher: DynamicBatcher[Pending] | None = None
         # Round-robin across models when batches queue (task routes); FIFO with one model.
         self._inflight = CallSlots(settings.max_inflight_batches)

@@ -22,12 +22,9 @@ from workers.runtime.stage_io import StageIO
 from workers.stateless.backend import BatchBackend
 from workers.stateless.batch_runner import Pending
 from workers.stateless.batching import DynamicBatcher
-from workers.stateless.features import RouteAssigner
-from workers.stateless.padding import Padder
-from workers.stateless.shadow import ShadowMirror
+from workers.stateless.features import FeatureParts
 from workers.stateless.stage import BatchingSettings, BatchingStage
 from workers.stateless.tenancy.gate import StageHooks, TenancySettings, TenantGate, stage_batcher
-from workers.stateless.tensor_map import TensorMap
 
 
 class TenantBatchingStage(BatchingStage):
@@ -42,11 +39,7 @@ class TenantBatchingStage(BatchingStage):
         tenancy: TenancySettings,
         kafka: KafkaSettings,
         metrics: PipelineMetrics,
-        warmup: bool = False,
-        tensor_map: TensorMap | None = None,
-        padding: Padder | None = None,
-        assign_route: RouteAssigner | None = None,
-        shadow: ShadowMirror | None = None,
+        parts: FeatureParts = FeatureParts(),
     ) -> None:
         hooks = StageHooks(
             lambda slot, output: self.outbox.complete(slot, output),
@@ -57,10 +50,7 @@ class TenantBatchingStage(BatchingStage):
         self._gate = TenantGate(tenancy, io.stage, metrics, hooks)
         self._fair = tenancy.fair_share
         tenant_of = self._gate.tenant_or_none if self._fair else None
-        super().__init__(
-            io, backend, settings, kafka=kafka, metrics=metrics, warmup=warmup,
-            tensor_map=tensor_map, padding=padding, assign_route=assign_route, shadow=shadow, tenant_of=tenant_of,
-        )  # fmt: skip
+        super().__init__(io, backend, settings, kafka=kafka, metrics=metrics, parts=parts, tenant_of=tenant_of)
 
     def _new_batcher(self, max_rows: int, max_elements: int | None) -> DynamicBatcher[Pending]:
         if not self._fair:
