@@ -48,7 +48,9 @@ def test_an_unretrieved_kafka_error_is_not_a_workers_last_line(caplog: pytest.Lo
             del future
         gc.collect()
 
-    with caplog.at_level(logging.DEBUG):
+    # The logger's own level: a test before this one in the same process may have run the CLI's
+    # logging setup, which sets the `pipeline` loggers' level (INFO) and would hide the debug line.
+    with caplog.at_level(logging.DEBUG, logger="pipeline.runtime.event_loop"):
         run_on_event_loop(leave_failed_futures(), "asyncio")
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [str(r.exc_info[1]) if r.exc_info else r.getMessage() for r in errors] == ["not kafka"]
