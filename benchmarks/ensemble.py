@@ -101,7 +101,7 @@ from tests.helpers.dense_reference import (
     score_reference,
 )
 from tests.helpers.topology_process import TopologyFiles, write_topology
-from workers.join import JOIN_STATUS, JoinSettings
+from workers.join.stage import JOIN_STATUS, JoinSettings
 
 REPO = Path(__file__).resolve().parents[1]
 ENSEMBLE = REPO / "topologies" / "ensemble.yaml"

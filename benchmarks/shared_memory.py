@@ -3,7 +3,7 @@ Triton system shared memory, the stateless stage's own backend, one stack, one r
 
     .venv/bin/python -m benchmarks.shared_memory [--batches N] [--rows B] [--inflight C] [--rounds R] [--outputs all|stats] [--json out.json]
 
-The workload is what ``workers/triton_backend.py`` does for one batch, with the
+The workload is what ``workers/stateless/triton_backend.py`` does for one batch, with the
 stage's own ``TritonModelBackend`` (shared memory ``off`` vs ``on``) against
 ``sample_models/big_sum`` on the embedded (local) Triton: batches of B rows of
 262,144 FP32 samples (1 MiB per row in; out: 4 stats and the 1 MiB row doubled, or
@@ -37,7 +37,7 @@ from benchmarks.harness import StackUp, embedded_stack, finish
 from benchmarks.report import fmt
 from pipeline.contract.request import InferenceRequest
 from pipeline.triton.shared_memory import SharedMemoryOptions
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.triton_backend import TritonModelBackend
 
 MODEL, ROW = "big_sum", 262_144
 CASES = {"msg": "tensors inside the gRPC message (shared_memory off)", "shm": "Triton system shared memory (on)"}

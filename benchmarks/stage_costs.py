@@ -34,8 +34,8 @@ from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import OrderedOffsets
 from pipeline.kafka.outbox import Outbox, OutRecord
 from pipeline.observability.metrics import PipelineMetrics
-from workers.batching import DynamicBatcher
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.batching import DynamicBatcher
+from workers.stateless.triton_backend import TritonModelBackend
 
 MODEL = "dense_classifier"
 console = wide_console(110)
@@ -102,7 +102,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             got += sum(len(v) for v in batch_records.values())
         add(
             "aiokafka getmany (fetch + unpack)",
-            "workers/base.py _consume",
+            "workers/runtime/stream_stage.py _consume",
             (time.process_time() - started) / n * 1e6,
         )
         await consumer.stop()
@@ -117,17 +117,17 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         metrics = PipelineMetrics()
         add(
             "metrics: requests.labels(stage).inc()",
-            "workers/base.py _consume",
+            "workers/runtime/stream_stage.py _consume",
             per_call_us(lambda i: metrics.requests.labels("s").inc(), n),
         )
 
         # --- handle -------------------------------------------------------------------
         add(
             "decode_request (protobuf parse + checks)",
-            "workers/stateless.py handle",
+            "workers/stateless/stage.py handle",
             per_call_us(lambda i: decode_request(consumed[i].value, list(consumed[i].headers)), n),
         )
-        add("backend.check (validate inputs/outputs)", "workers/triton_backend.py check",
+        add("backend.check (validate inputs/outputs)", "workers/stateless/triton_backend.py check",
             per_call_us(lambda i: backend.check(requests[i]), n))  # fmt: skip
         batcher: DynamicBatcher[Any] = DynamicBatcher(batch, 0.005)
 
@@ -138,7 +138,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
 
         add(
             "rows + batch_key + batcher.add",
-            "workers/stateless.py handle",
+            "workers/stateless/stage.py handle",
             per_call_us(batching, n),
         )
 
@@ -149,7 +149,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         for c in range(calls):
             out = await backend.run(requests[c * batch : (c + 1) * batch])
             outputs.extend(out.outputs)
-        add(f"backend.run ({batch} rows/call: concat, gRPC, split), per row", "workers/triton_backend.py run",
+        add(f"backend.run ({batch} rows/call: concat, gRPC, split), per row", "workers/stateless/triton_backend.py run",
             (time.process_time() - started) / (calls * batch) * 1e6)  # fmt: skip
         model_version = out.model_version
 
@@ -157,7 +157,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         m = len(outputs)
         add(
             "encode_response",
-            "workers/stateless.py _succeed",
+            "workers/stateless/stage.py _succeed",
             per_call_us(
                 lambda i: encode_response(
                     requests[i], outputs[i], model_name=MODEL, model_version=model_version
@@ -167,7 +167,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         )
         add(
             "result_headers",
-            "workers/stateless.py _succeed",
+            "workers/stateless/stage.py _succeed",
             per_call_us(
                 lambda i: result_headers(
                     list(consumed[i].headers),
@@ -182,12 +182,12 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         )
         add(
             "OutRecord(...) + slot.output",
-            "workers/stateless.py _succeed",
+            "workers/stateless/stage.py _succeed",
             per_call_us(lambda i: OutRecord("out", consumed[i].key, consumed[i].value, []), m),
         )
         add(
             "metrics per batch (queue_delay per row, batch_size, latency)",
-            "workers/stateless.py _call",
+            "workers/stateless/stage.py _call",
             per_call_us(lambda i: metrics.queue_delay.labels("s").observe(0.001), m),
         )
 
@@ -221,7 +221,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
 
         add(
             "metrics on ack (results + end_to_end)",
-            "workers/base.py _acknowledged",
+            "workers/runtime/stream_stage.py _acknowledged",
             per_call_us(acked, n),
         )
         await backend.close()

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.cli import main as pipeline_main
 from pipeline.kafka import clients
-from workers import stage_clients
+from workers.runtime import stage_clients
 
 
 def _main() -> None:

@@ -81,13 +81,19 @@ CASES: dict[str, str] = {
     "d": "our stateless stage",
     "p": "(d) with per-record sends",
     "u": "(d) on asyncio's event loop",
+    "h": "(d) holding partial batches",
     "e": "faust echo agent",
 }
-VARIANTS_OF_D: dict[str, tuple[dict[str, str], str]] = {
-    "p": ({"PIPELINE_KAFKA_BATCH_SENDS": "false"}, "the outbox's record batches against per-record sends"),
-    "u": ({"PIPELINE_EVENT_LOOP": "asyncio"}, "uvloop against asyncio's event loop"),
+VARIANTS_OF_D: dict[str, tuple[dict[str, str], dict[str, Any], str]] = {
+    "p": ({"PIPELINE_KAFKA_BATCH_SENDS": "false"}, {}, "the outbox's record batches against per-record sends"),
+    "u": ({"PIPELINE_EVENT_LOOP": "asyncio"}, {}, "uvloop against asyncio's event loop"),
+    "h": (
+        {}, {"hold_partial_batches": True},
+        "work-conserving batching against a partial batch always waiting max_queue_delay_ms (the rule before)",
+    ),
 }
-"""(d) again with one setting changed, in the same run: what that setting gains (d / key)."""
+"""(d) again with one setting changed (environment, batching), in the same run: what that
+setting gains (d / key in throughput; key / d in latency)."""
 STAGE_CASES = "d" + "".join(VARIANTS_OF_D)
 KAFKA_CASES = "ac" + STAGE_CASES + "e"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
@@ -339,7 +345,7 @@ class Benchmark(StackBenchmark[Config]):
             variant = self.variant
             self.variant += f"-{key}" if key != "d" else ""  # its own topology name: its own group
             try:
-                topology = self._write_topology(source, sink, dead)
+                topology = self._write_topology(source, sink, dead, VARIANTS_OF_D.get(key, ({}, {}, ""))[1])
             finally:
                 self.variant = variant
             runner = ["pipeline"]  # the stock CLI, unless a what-if asks for the patching runner
@@ -374,8 +380,9 @@ class Benchmark(StackBenchmark[Config]):
         self.processes.append(process)
         return KafkaWorker(self, key, n, source, sink, process, verify, notes)
 
-    def _write_topology(self, source: str, sink: str, dead: str) -> Path:
-        """dense.yaml with this run's topics, endpoints, batch size and concurrency."""
+    def _write_topology(self, source: str, sink: str, dead: str, batching_changes: dict[str, Any]) -> Path:
+        """dense.yaml with this run's topics, endpoints, batch size and concurrency (and a
+        variant's changes to its batching)."""
         cfg = self.config
         data = yaml.safe_load(BASE_TOPOLOGY.read_text())
         data["name"] = f"bench-{self.run_id}{self.variant}"
@@ -388,6 +395,7 @@ class Benchmark(StackBenchmark[Config]):
         batching["max_batch_size"] = cfg.batch
         batching["max_inflight_batches"] = cfg.concurrency
         batching["max_queue_delay_ms"] = cfg.max_queue_delay_ms
+        batching.update(batching_changes)
         path = self.log_dir / f"topology-{data['name']}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         load_topology(path)  # fail here, not in the child, if the file is wrong
@@ -492,6 +500,10 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
     for key in VARIANTS_OF_D:
         if d is not None and (variant := report.throughput_of(results, key)) is not None:
             out[f"d_over_{key}"] = d / variant  # what the setting gains, same run
+        ours, theirs = results.get("d"), results.get(key)
+        for q in ("p50_ms", "p99_ms"):
+            if ours is not None and theirs is not None and getattr(ours, q) and getattr(theirs, q):
+                out[f"{key}_over_d_{q}"] = getattr(theirs, q) / getattr(ours, q)  # latency the setting saves
     if d is not None and c is not None:
         out["d_over_c"] = d / c
         out["d_over_c_target"] = TARGET_VS_NAIVE
@@ -555,9 +567,14 @@ def print_report(
             f"d / min(a, b) = {rat['d_over_min_a_b']:.2f}  (min is {rat['min_a_b_is']}; "
             f"target >= {TARGET_VS_BOUND}): {verdict(rat['d_over_min_a_b_met'])}"
         )
-    for key, (_env, gain) in VARIANTS_OF_D.items():
+    for key, (_env, _batching, gain) in VARIANTS_OF_D.items():
         if f"d_over_{key}" in rat:
             console.print(f"d / {key} = {rat[f'd_over_{key}']:.2f}  ({gain})")
+        if f"{key}_over_d_p50_ms" in rat:
+            console.print(
+                f"latency {key} / d: p50 {rat[f'{key}_over_d_p50_ms']:.2f}, "
+                f"p99 {rat.get(f'{key}_over_d_p99_ms', float('nan')):.2f}  ({gain})"
+            )
     if "d_over_c" in rat:
         console.print(
             f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): "

@@ -126,7 +126,7 @@ def off_path_ns(batch_rows: float) -> dict[str, float]:
         if slot.trace is not None:
             pass
 
-    def per_batch() -> None:  # the rest of call_backend (workers/stateless.py), and the backend's call
+    def per_batch() -> None:  # the rest of BatchingStage._call, and the backend's call
         spans: list[Any] = []
         batch = {"rows": 1} if spans else None
         with call_span(call, spans[0] if spans else None, spans, batch):

@@ -31,7 +31,7 @@ from pipeline.client.result import InferResult, text_headers
 from pipeline.client.stream import StreamSession
 from pipeline.client.waiters import ClientStats, Waiters
 from pipeline.contract.records import Record
-from pipeline.contract.reply import REPLY_TOPIC, reply_headers, reply_route
+from pipeline.contract.reply import REPLY_TOPIC, reply_headers, reply_target
 from pipeline.contract.request import WireForm, encode_request
 from pipeline.errors import ConfigError
 from pipeline.kafka.clients import ensure_topics, make_producer
@@ -56,7 +56,7 @@ class ClientOptions:
 
     reply: ReplyMode = "topic"
     """``topic``: results come to this client's own reply topic; ``shared``: read the result
-    topic and keep this client's results (for topologies whose stages predate reply routing)."""
+    topic and keep this client's results (for topologies whose stages predate reply topics)."""
     reply_topic: str | None = None
     """The reply topic (under ``<result_topic>.reply.``); default: a new one per client,
     deleted on close."""
@@ -87,7 +87,7 @@ class Client:
         self.reply_topic: str | None = None
         if self.options.reply == "topic":
             self.reply_topic = self.options.reply_topic or f"{self.endpoint.reply_prefix}{self.client_id}"
-            if not reply_route([(REPLY_TOPIC, self.reply_topic.encode())], self.endpoint.reply_prefix).honoured:
+            if not reply_target([(REPLY_TOPIC, self.reply_topic.encode())], self.endpoint.reply_prefix).honoured:
                 raise ConfigError(f"reply topic {self.reply_topic!r} must start with {self.endpoint.reply_prefix!r}")
             self._owned_reply_topic = self.options.reply_topic is None
         elif self.options.reply != "shared":

@@ -1,4 +1,4 @@
-"""Reply routing: a request may name the topic (and partition) its result goes to.
+"""Reply topics: a request may name the topic (and partition) its result goes to.
 
 Many client instances calling one topology should not each read every result. As
 in Spring Kafka's ``ReplyingKafkaTemplate`` (``kafka_replyTopic`` /
@@ -45,7 +45,7 @@ class ReplyOutcome(TextEnum):
 
 
 @dataclass(frozen=True)
-class ReplyRoute:
+class ReplyTarget:
     """Where a result asks to go. ``outcome`` None: no ``reply-topic`` header at all."""
 
     topic: str | None = None
@@ -62,7 +62,7 @@ def reply_prefix(result_topic: str) -> str:
     return result_topic + REPLY_INFIX
 
 
-def reply_route(headers: h.HeaderPairs | None, prefix: str) -> ReplyRoute:
+def reply_target(headers: h.HeaderPairs | None, prefix: str) -> ReplyTarget:
     """Read ``reply-topic``/``reply-partition`` and apply the prefix rule (pure: no broker).
 
     A topic under ``prefix`` (and longer than it) is honoured; a bad or repeated
@@ -72,20 +72,20 @@ def reply_route(headers: h.HeaderPairs | None, prefix: str) -> ReplyRoute:
         topic = h.get_header(headers, REPLY_TOPIC)
         partition_text = h.get_header(headers, REPLY_PARTITION)
     except BadRequest:
-        return ReplyRoute(outcome=ReplyOutcome.BAD_HEADER)
+        return ReplyTarget(outcome=ReplyOutcome.BAD_HEADER)
     if topic is None:
-        return ReplyRoute()
+        return ReplyTarget()
     if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
-        return ReplyRoute(outcome=ReplyOutcome.BAD_HEADER)
+        return ReplyTarget(outcome=ReplyOutcome.BAD_HEADER)
     if not topic.startswith(prefix) or len(topic) == len(prefix):
-        return ReplyRoute(topic=topic, outcome=ReplyOutcome.OUTSIDE_PREFIX)
+        return ReplyTarget(topic=topic, outcome=ReplyOutcome.OUTSIDE_PREFIX)
     partition = None
     if partition_text is not None:
         text = partition_text.strip()
         if not _PARTITION.fullmatch(text) or int(text) > _MAX_PARTITION:
-            return ReplyRoute(topic=topic, outcome=ReplyOutcome.BAD_HEADER)
+            return ReplyTarget(topic=topic, outcome=ReplyOutcome.BAD_HEADER)
         partition = int(text)
-    return ReplyRoute(topic=topic, partition=partition, outcome=ReplyOutcome.HONOURED)
+    return ReplyTarget(topic=topic, partition=partition, outcome=ReplyOutcome.HONOURED)
 
 
 def reply_headers(topic: str, partition: int | None = None) -> h.Headers:

@@ -138,7 +138,8 @@ def decode_request(
         raise BadRequest(
             ErrorClass.OVERSIZED_VALUE, f"value is {len(value)} bytes, limit {max_value_bytes}"
         )
-    content_type = h.get_header(headers, h.CONTENT_TYPE)
+    index = h.HeaderIndex(headers)
+    content_type = index.get(h.CONTENT_TYPE)
     if content_type is None or not content_type.strip():
         raise BadRequest(ErrorClass.MISSING_CONTENT_TYPE, "header 'content-type' is required")
     form = WireForm.of(content_type)
@@ -146,7 +147,7 @@ def decode_request(
         raise BadRequest(
             ErrorClass.UNSUPPORTED_CONTENT_TYPE, f"content-type {content_type!r} is not supported"
         )
-    fields = _header_fields(headers)
+    fields = _header_fields(index)
     payload = (json_form if form is WireForm.JSON else protobuf_form).parse_request(bytes(value))
     return _build(payload, fields, h.media_type(content_type))
 
@@ -254,15 +255,15 @@ def _as_array(values: Any) -> np.ndarray:
     return np.array(values, dtype=object) if array.dtype.kind == "S" else array
 
 
-def _header_fields(headers: h.HeaderPairs | None) -> _HeaderFields:
+def _header_fields(headers: h.HeaderIndex) -> _HeaderFields:
     notes: list[str] = []
-    correlation_id = h.get_header(headers, h.CORRELATION_ID) or None
+    correlation_id = headers.get(h.CORRELATION_ID) or None
     if correlation_id is not None:
         _check_correlation_id(correlation_id, ErrorClass.BAD_HEADER, "header 'correlation-id'")
     # Tracing is best effort: a bad traceparent (malformed, repeated, not UTF-8) costs the
     # trace link, never the request.
     try:
-        traceparent = h.get_header(headers, h.TRACEPARENT)
+        traceparent = headers.get(h.TRACEPARENT)
     except BadRequest as bad:
         notes.append(f"ignored traceparent: {bad.reason}")
         traceparent = None
@@ -280,10 +281,8 @@ def _header_fields(headers: h.HeaderPairs | None) -> _HeaderFields:
     )
 
 
-def _int_header(
-    headers: h.HeaderPairs | None, name: str, *, minimum: int, maximum: int
-) -> int | None:
-    text = h.get_header(headers, name)
+def _int_header(headers: h.HeaderIndex, name: str, *, minimum: int, maximum: int) -> int | None:
+    text = headers.get(name)
     if text is None:
         return None
     text = text.strip()

@@ -118,9 +118,13 @@ def check_shape(shape: Sequence[Any]) -> tuple[int, ...]:
             raise BadRequest(
                 ErrorClass.OVERSIZED_VALUE, f"shape {dims!r} has a dimension above {MAX_ELEMENTS}"
             )
-    checked = tuple(int(d) for d in dims)
+    checked = tuple(dims)  # plain ints, checked above
     # Zero dims are skipped: [0, 2**20, 2**20, 2**20] holds nothing, yet numpy still refuses it.
-    if math.prod(d for d in checked if d) > MAX_ELEMENTS:
+    elements = 1
+    for dim in checked:
+        if dim:
+            elements *= dim
+    if elements > MAX_ELEMENTS:
         raise BadRequest(
             ErrorClass.OVERSIZED_VALUE,
             f"shape {list(checked)} declares more than {MAX_ELEMENTS} elements",

@@ -23,7 +23,7 @@ Kafka's own fence is the transactional producer; the embedded broker (Tansu) has
   out. The lease lasts that long, less a margin of one heartbeat interval.
 - **Measured on the monotonic clock,** which keeps running while the process is
   stopped: a resumed zombie sees its lease expired before it does anything else, and
-  holds every output (:class:`LineFence` in the outbox, ``workers/fencing.py`` for what
+  holds every output (:class:`LineFence` in the outbox, ``workers/runtime/fencing.py`` for what
   the stage decides and calls) until the coordinator has answered again. Either it is still a
   member (a short pause: it goes on, nothing was lost or duplicated) or it is told
   ``UNKNOWN_MEMBER_ID`` / ``ILLEGAL_GENERATION``: the lease is *lost*, aiokafka revokes

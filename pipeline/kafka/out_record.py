@@ -35,7 +35,7 @@ class OutRecord:
     timestamp_ms: int | None = None
     """The record's timestamp; None: the producer's clock. A message for a next stage keeps
     its input's, so every stage of a topology sees the request's event time."""
-    unrouted: tuple[str, int | None] | None = None
+    redirected_from: tuple[str, int | None] | None = None
     """Set on a result sent to its reply topic: the topic and partition it was bound for."""
 
 
@@ -55,9 +55,9 @@ class OversizeHandler(Protocol):
         ...
 
 
-class ReplyRouting(Protocol):
-    """Where a result asking for a reply topic goes (:class:`pipeline.kafka.replies.ReplyRouter`)."""
+class ReplyRedirect(Protocol):
+    """Where a result asking for a reply topic goes (:class:`pipeline.kafka.replies.ReplyRedirector`)."""
 
-    async def route(self, out: OutRecord) -> OutRecord: ...
+    async def redirect(self, out: OutRecord) -> OutRecord: ...
 
-    async def unroute(self, outputs: Outputs) -> Outputs: ...
+    async def redirect_back(self, outputs: Outputs) -> Outputs: ...

@@ -33,7 +33,7 @@ from pipeline.kafka.checkpoint_group import CheckpointGroup, CheckpointGroups
 from pipeline.kafka.commits import commit_acknowledged
 from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
 from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
-from pipeline.kafka.out_record import Outputs, OutRecord, OversizeHandler, ReplyRouting
+from pipeline.kafka.out_record import Outputs, OutRecord, OversizeHandler, ReplyRedirect
 from pipeline.kafka.output_sender import OutputSender, send_record
 from pipeline.kafka.record_batches import RecordBatches
 
@@ -44,7 +44,7 @@ __all__ = [
     "Outbox",
     "Outputs",
     "OversizeHandler",
-    "ReplyRouting",
+    "ReplyRedirect",
     "SlotTracer",
     "send_record",
 ]
@@ -71,7 +71,7 @@ class Outbox:
         on_acknowledged: OnAcknowledged | None = None,
         oversize: OversizeHandler | None = None,
         fence: MembershipLease | None = None,
-        replies: ReplyRouting | None = None,
+        replies: ReplyRedirect | None = None,
         batch_sends: bool = True,
     ) -> None:
         self._producer = producer
@@ -165,13 +165,13 @@ class Outbox:
                     if batches is None:
                         await self._emit_alone(slot)
                     elif not await self._batched(slot, batches):
-                        await self._emit_alone(slot, routed=True)
+                        await self._emit_alone(slot, redirected=True)
                         batches.after_alone({out.topic for out in slot.output or ()})
 
     async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
         """Append the slot's output to its partition's batch when it is one plain record
-        (routed to its reply topic, if any, either way)."""
-        await self._sender.route(slot)
+        (redirected to its reply topic, if any, either way)."""
+        await self._sender.redirect(slot)
         assert slot.output is not None
         if len(slot.output) != 1 or slot.output[0].after_acks:
             return False
@@ -185,13 +185,13 @@ class Outbox:
         for slot in slots:
             self._settle(slot, exc)
 
-    async def _emit_alone(self, slot: Slot[Outputs], *, routed: bool = False) -> None:
+    async def _emit_alone(self, slot: Slot[Outputs], *, redirected: bool = False) -> None:
         """Hand the slot's outputs to the producer one by one (after-acks ones once the rest
         are acknowledged); the slot is acknowledged when all are."""
         assert slot.output is not None
         split = next((i for i, out in enumerate(slot.output) if out.after_acks), len(slot.output))
         now, later = slot.output[:split], slot.output[split:]
-        sent = [await self._sender.send(out, slot, i, routed=routed) for i, out in enumerate(now)]
+        sent = [await self._sender.send(out, slot, i, redirected=redirected) for i, out in enumerate(now)]
         done: asyncio.Future[Any]
         if later:
             done = self._after_acks.send(slot, [*sent, *self.groups.covered(slot)], split)  # in slot order

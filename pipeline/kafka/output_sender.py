@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.out_record import Outputs, OutRecord, OversizeHandler, ReplyRouting
+from pipeline.kafka.out_record import Outputs, OutRecord, OversizeHandler, ReplyRedirect
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,14 @@ async def send_record(producer: AIOKafkaProducer, out: OutRecord) -> asyncio.Fut
 
 
 class OutputSender:
-    """Sends one output of a slot, routed and rewritten as the broker requires."""
+    """Sends one output of a slot, redirected and rewritten as the broker requires."""
 
     def __init__(
         self,
         producer: AIOKafkaProducer,
         *,
         oversize: OversizeHandler | None,
-        replies: ReplyRouting | None,
+        replies: ReplyRedirect | None,
         delivery: set[asyncio.Future[Any]],
         delivered: Delivered,
     ) -> None:
@@ -64,16 +64,16 @@ class OutputSender:
         self._resent: set[Slot[Outputs]] = set()
         self._senders: set[asyncio.Task[None]] = set()
 
-    async def route(self, slot: Slot[Outputs]) -> None:
+    async def redirect(self, slot: Slot[Outputs]) -> None:
         """Move the slot's outputs that ask for an allowed reply topic there."""
         if self._replies is not None and slot.output is not None:
-            slot.output = tuple([await self._replies.route(out) for out in slot.output])
+            slot.output = tuple([await self._replies.redirect(out) for out in slot.output])
 
-    async def send(self, out: OutRecord, slot: Slot[Outputs], index: int, *, routed: bool = False) -> asyncio.Future[Any]:
+    async def send(self, out: OutRecord, slot: Slot[Outputs], index: int, *, redirected: bool = False) -> asyncio.Future[Any]:
         """Hand ``slot.output[index]`` to the producer (at its reply topic when it asks for an
-        allowed one, unless ``routed`` already); one it refuses as too large: claim check."""
-        if self._replies is not None and not routed:
-            moved = await self._replies.route(out)
+        allowed one, unless ``redirected`` already); one it refuses as too large: claim check."""
+        if self._replies is not None and not redirected:
+            moved = await self._replies.redirect(out)
             if moved is not out:
                 assert slot.output is not None
                 slot.output = (*slot.output[:index], moved, *slot.output[index + 1 :])
@@ -86,9 +86,9 @@ class OutputSender:
             log.warning("output for %s@%d too large to send (%s): claim check", slot.tp, slot.offset, exc)
             out = await self._oversize.replace(out, slot, index)
         except KafkaError:
-            if out.unrouted is None or self._replies is None:
+            if out.redirected_from is None or self._replies is None:
                 raise
-            (out,) = await self._replies.unroute((out,))  # its reply topic is gone: the result topic
+            (out,) = await self._replies.redirect_back((out,))  # its reply topic is gone: the result topic
         assert slot.output is not None
         slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
         return await self.send_record(out)
@@ -113,8 +113,8 @@ class OutputSender:
         as claim checks. At a reply topic deleted meanwhile (client gone): at the result topic."""
         if isinstance(exc, MessageSizeTooLargeError) and (oversize := self._oversize) is not None:
             return lambda outs: oversize.replace_all(slot, outs, lambda out: out.dead_letter or out.counts_as_result)
-        if self._replies is not None and any(out.unrouted is not None for out in slot.output or ()):
-            return self._replies.unroute
+        if self._replies is not None and any(out.redirected_from is not None for out in slot.output or ()):
+            return self._replies.redirect_back
         return None
 
     async def _resend(self, slot: Slot[Outputs], again: Callable[[Outputs], Awaitable[Outputs]]) -> None:

@@ -16,7 +16,7 @@ busier machine (issue 28). So each (branch, partition) is judged on evidence onl
 - ``gone``: a group feeding it has had no live member (the broker's DescribeGroups) for
   longer than ``gone_after_s``; nothing it has not processed will ever come;
 - ``behind``: otherwise. The stage waits, judging by event time what the branch has
-  delivered so far (:mod:`workers.event_time`), or a hard ``max_wait`` of its own.
+  delivered so far (:mod:`workers.runtime.event_time`), or a hard ``max_wait`` of its own.
 
 The groups feeding a branch are walked from the branch's own step upstream (``depth``):
 the first that is not caught up decides. A gone branch step is gone even while the steps

@@ -1,6 +1,6 @@
-"""The result stage's side of reply routing: send a result to the reply topic it asks for.
+"""The result stage's side of reply topics: send a result to the reply topic it asks for.
 
-The outbox asks :meth:`ReplyRouter.route` of every output it sends (one place for
+The outbox asks :meth:`ReplyRedirector.redirect` of every output it sends (one place for
 stateless, sequence and join stages alike). Only results bound for the topology's
 result topic are candidates; dead letters and checkpoints never move. The rule
 itself (header names, prefix) is :mod:`pipeline.contract.reply`; this module adds
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.contract.reply import ReplyOutcome, reply_route
+from pipeline.contract.reply import ReplyOutcome, reply_target
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.observability.metrics import PipelineMetrics
 
@@ -36,7 +36,7 @@ LOOKUP_TIMEOUT_S = 2.0
 NEGATIVE_TTL_S = 30.0
 
 
-class ReplyRouter:
+class ReplyRedirector:
     """Rewrites results for ``result_topic`` that carry an honoured ``reply-topic``."""
 
     def __init__(
@@ -53,11 +53,11 @@ class ReplyRouter:
         self._on_outcome = on_outcome
         self._missing: dict[str, float] = {}  # topic -> monotonic time until which it counts as absent
 
-    async def route(self, out: OutRecord) -> OutRecord:
+    async def redirect(self, out: OutRecord) -> OutRecord:
         """``out`` itself, or a copy addressed to its reply topic (and partition)."""
         if out.dead_letter or not out.counts_as_result or out.topic != self.result_topic:
             return out
-        wanted = reply_route(out.headers, self.prefix)
+        wanted = reply_target(out.headers, self.prefix)
         if wanted.outcome is None:
             return out
         outcome = wanted.outcome
@@ -72,22 +72,22 @@ class ReplyRouter:
         if outcome is not ReplyOutcome.HONOURED:
             log.debug("reply-topic %r ignored (%s): result to %s", wanted.topic, outcome, out.topic)
             return out
-        return dataclasses.replace(out, topic=topic, partition=wanted.partition, unrouted=(out.topic, out.partition))
+        return dataclasses.replace(out, topic=topic, partition=wanted.partition, redirected_from=(out.topic, out.partition))
 
-    async def unroute(self, outputs: Outputs) -> Outputs:
+    async def redirect_back(self, outputs: Outputs) -> Outputs:
         """The broker did not take these results at their reply topics (deleted since their
         metadata was read: the client is gone): back to the result topic, and the topics
         count as missing for :data:`NEGATIVE_TTL_S` (counted ``unreachable``)."""
         back = []
         for out in outputs:
-            if out.unrouted is None:
+            if out.redirected_from is None:
                 back.append(out)
                 continue
-            log.warning("reply topic %s did not take a result: sent to %s instead", out.topic, out.unrouted[0])
+            log.warning("reply topic %s did not take a result: sent to %s instead", out.topic, out.redirected_from[0])
             self._missing[out.topic] = time.monotonic() + NEGATIVE_TTL_S
             self._count(ReplyOutcome.UNREACHABLE)
-            topic, partition = out.unrouted
-            back.append(dataclasses.replace(out, topic=topic, partition=partition, unrouted=None))
+            topic, partition = out.redirected_from
+            back.append(dataclasses.replace(out, topic=topic, partition=partition, redirected_from=None))
         return tuple(back)
 
     async def _partitions(self, topic: str) -> set[int] | None:
@@ -114,13 +114,13 @@ class ReplyRouter:
 
 def stage_replies(
     producer: AIOKafkaProducer, stage: str, output_topic: str, prefix: str | None, metrics: PipelineMetrics
-) -> ReplyRouter | None:
+) -> ReplyRedirector | None:
     """A stage's router, counting into ``pipeline_reply_routes_total``; None for a stage
     that does not write the result topic (``prefix`` None)."""
     if prefix is None:
         return None
     routes = metrics.reply_routes
-    return ReplyRouter(
+    return ReplyRedirector(
         producer,
         result_topic=output_topic,
         prefix=prefix,

@@ -198,7 +198,7 @@ class PipelineMetrics:
         )
         self.paused = gauge("pipeline_consumer_paused", "1 while consumption is paused by backpressure.")
         self.lane_requests = counter(
-            "pipeline_lane_requests_total", "Records consumed from each priority lane (workers/lanes.py).", "lane"
+            "pipeline_lane_requests_total", "Records consumed from each priority lane (workers/runtime/lanes.py).", "lane"
         )
         self.lane_held = gauge(
             "pipeline_lane_held",

@@ -1,6 +1,6 @@
 """Refresh every stage's consumer lag from the brokers' end offsets, every few seconds.
 
-Fetches update the lag as records arrive (:mod:`workers.lag`); this loop covers
+Fetches update the lag as records arrive (:mod:`workers.runtime.lag`); this loop covers
 the consumers that fetch nothing (paused by backpressure, or waiting out a
 Triton outage), whose lag is the one an operator is looking for.
 """
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from workers.base import StreamStage
+from workers.runtime.stream_stage import StreamStage
 
 LAG_INTERVAL_S = 2.0
 

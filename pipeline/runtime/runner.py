@@ -33,7 +33,7 @@ from pipeline.runtime.stages import build_stages, record_limits
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.settings import Endpoints
 from pipeline.topology.model import Topology
-from workers.base import StreamStage, bounded
+from workers.runtime.stream_stage import StreamStage, bounded
 
 log = logging.getLogger(__name__)
 

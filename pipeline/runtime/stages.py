@@ -33,17 +33,19 @@ from pipeline.topology.model import (
     StatelessStageConfig,
     Topology,
 )
-from workers.base import StreamStage
-from workers.dali import DaliAudioBackend, DaliSettings
-from workers.join import JoinSettings, JoinStage
-from workers.padding import Padder
-from workers.routing import TensorRouting
+from workers.join.stage import JoinSettings, JoinStage
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
 from workers.sequence import SequenceSettings, SequenceStage
 from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
-from workers.stage_io import StageIO
-from workers.stateless import BatchingSettings, BatchingStage
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.dali import DaliAudioBackend, DaliSettings
+from workers.stateless.features import FeatureParts
+from workers.stateless.padding import Padder
+from workers.stateless.stage import BatchingSettings, BatchingStage
+from workers.stateless.tenancy.stage import TenantBatchingStage
+from workers.stateless.tensor_map import TensorMap
+from workers.stateless.triton_backend import TritonModelBackend
 
 
 @dataclass(frozen=True)
@@ -56,31 +58,29 @@ class BuildContext:
     io: StageIO
 
 
-def build_stateless(ctx: BuildContext, config: Stage, routing: TensorRouting | None = None) -> StreamStage:
+def build_stateless(ctx: BuildContext, config: Stage, tensor_map: TensorMap | None = None) -> StreamStage:
     """A stateless stage batching into its Triton model, or its routes' models (chains and
     graph steps alike), with its shadow when it has one (:mod:`pipeline.runtime.traffic`)."""
     assert isinstance(config, StatelessStageConfig)
-    routing = routing or TensorRouting(config.input_map, config.output_map)
-    backend, select = stateless_backend(ctx.endpoints.triton, config, ctx.io.stage, ctx.metrics)
+    tensor_map = tensor_map or TensorMap(config.input_map, config.output_map)
+    backend, assign_route = stateless_backend(ctx.endpoints.triton, config, ctx.io.stage, ctx.metrics)
     padder = None
     if config.padding is not None:
         assert isinstance(backend, TritonModelBackend)  # the topology refuses padding with routes
         model = backend
         padder = Padder(config.padding, config.name, model.model, lambda: model.description)
-    tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
-    return BatchingStage(
-        with_delay_topic(ctx.io, tenancy),
-        backend,
-        batching_settings(config),
+    parts = FeatureParts(
+        tensor_map=tensor_map,
         padding=padder,
-        kafka=ctx.endpoints.kafka,
-        metrics=ctx.metrics,
-        warmup=config.warmup,
-        routing=routing,
-        select=select,
+        assign_route=assign_route,
         shadow=shadow_mirror(ctx.endpoints.triton, config, ctx.topology, ctx.io.stage, ctx.metrics),
-        tenancy=tenancy,
+        warmup=config.warmup,
     )
+    tenancy = tenancy_settings(config.tenants, ctx.io.input_topic)
+    io, settings, kafka = with_delay_topic(ctx.io, tenancy), batching_settings(config), ctx.endpoints.kafka
+    if tenancy is None:
+        return BatchingStage(io, backend, settings, kafka=kafka, metrics=ctx.metrics, parts=parts)
+    return TenantBatchingStage(io, backend, settings, tenancy=tenancy, kafka=kafka, metrics=ctx.metrics, parts=parts)
 
 
 def build_dali(ctx: BuildContext, config: Stage) -> StreamStage:
@@ -125,7 +125,7 @@ def build_join(ctx: BuildContext, node: JoinNode) -> StreamStage:
         **same,
         max_open=ctx.topology.max_open_joins,
         to_result=to_result,
-        select=tuple(outputs) if to_result and outputs is not None else None,
+        keep=tuple(outputs) if to_result and outputs is not None else None,
         upstream=tuple(
             Upstream(ctx.topology.group_id(stage), topic, branch, depth)
             for branch in node.branches
@@ -232,13 +232,13 @@ def _graph_stages(
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             stall_after_s=stall_after_s(config),
         )
-        routing = TensorRouting(
+        tensor_map = TensorMap(
             config.input_map,
             config.output_map,
             carry=True,
-            select=topology.outputs if node.to_result else None,
+            keep=topology.outputs if node.to_result else None,
         )
-        stages.append(build_stateless(BuildContext(topology, endpoints, metrics, io), config, routing))
+        stages.append(build_stateless(BuildContext(topology, endpoints, metrics, io), config, tensor_map))
     for name, join in graph.joins.items():
         if only and name not in only:
             continue
@@ -317,7 +317,7 @@ def retry_policy(config: RetryConfig) -> RetryPolicy:
 
 def batching_settings(config: StatelessStageConfig | DaliStageConfig) -> BatchingSettings:
     b = config.batching
-    common = b.model_dump(include={"max_batch_size", "max_inflight_batches", "max_batch_bytes"})
+    common = b.model_dump(include={"max_batch_size", "max_inflight_batches", "max_batch_bytes", "hold_partial_batches"})
     common.update(max_queue_delay_s=b.max_queue_delay_ms / 1000, max_request_bytes=config.max_request_bytes)
     if isinstance(config, DaliStageConfig):
         return BatchingSettings(**common)

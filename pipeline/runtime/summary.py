@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from pipeline.settings import Endpoints
 from pipeline.topology.model import Topology
-from workers.stage_io import StageIO
+from workers.runtime.stage_io import StageIO
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipeline.topology.tenants import TenantsConfig
-from workers.stage_io import StageIO
-from workers.tenancy.gate import TenancySettings
-from workers.tenancy.quotas import QuotaSpec
+from workers.runtime.stage_io import StageIO
+from workers.stateless.tenancy.gate import TenancySettings
+from workers.stateless.tenancy.quotas import QuotaSpec
 
 
 def tenancy_settings(config: TenantsConfig | None, input_topic: str) -> TenancySettings | None:

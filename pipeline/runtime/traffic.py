@@ -1,8 +1,8 @@
 """Builders for a stateless stage's several models: its routed backend and its shadow.
 
 From the topology's ``routes``/``route_by``/``shadow`` (pipeline/topology/routes.py)
-to the worker objects (workers/traffic.py, workers/routed_backend.py,
-workers/shadow.py). A stage without routes gets its one :class:`TritonModelBackend`,
+to the worker objects (workers/stateless/routes.py, workers/stateless/routed_backend.py,
+workers/stateless/shadow.py). A stage without routes gets its one :class:`TritonModelBackend`,
 exactly as before; without a shadow, no mirror.
 """
 
@@ -13,19 +13,19 @@ from pipeline.observability.traffic_metrics import TrafficMetrics
 from pipeline.settings import TritonSettings
 from pipeline.topology.model import StatelessStageConfig, Topology
 from pipeline.triton.shared_memory import SharedMemoryOptions
-from workers.backend import BatchBackend
-from workers.intake import Selector
-from workers.routed_backend import RoutedBackend
-from workers.routing import TensorRouting
-from workers.shadow import ShadowMirror
-from workers.traffic import Route, RouteTable
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.backend import BatchBackend
+from workers.stateless.features import RouteAssigner
+from workers.stateless.routed_backend import RoutedBackend
+from workers.stateless.routes import Route, RouteTable
+from workers.stateless.shadow import ShadowMirror
+from workers.stateless.tensor_map import TensorMap
+from workers.stateless.triton_backend import TritonModelBackend
 
 
 def stateless_backend(
     triton: TritonSettings, config: StatelessStageConfig, stage: str, metrics: PipelineMetrics
-) -> tuple[BatchBackend, Selector | None]:
-    """The stage's backend, and the selector that assigns each request its route (None: one model)."""
+) -> tuple[BatchBackend, RouteAssigner | None]:
+    """The stage's backend, and the route assigner of each request (None: one model)."""
     if config.routes is None:
         single = TritonModelBackend(
             triton,
@@ -63,6 +63,6 @@ def shadow_mirror(
         topic=topic,
         max_inflight=shadow.max_inflight,
         # The shadow's results are responses of its own: never forwarded as a next stage's request.
-        routing=TensorRouting(config.input_map, config.output_map),
+        tensor_map=TensorMap(config.input_map, config.output_map),
         counter=TrafficMetrics.of(metrics).shadow,
     )

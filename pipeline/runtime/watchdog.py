@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.observability.metrics import PipelineMetrics
-from workers.base import StreamStage
+from workers.runtime.stream_stage import StreamStage
 
 
 @dataclass(frozen=True)

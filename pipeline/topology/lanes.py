@@ -4,7 +4,7 @@ A backlog on Kafka is served in order, so a request that matters more waits behi
 it however high its Triton ``priority``. A lane is a topic of its own beside the
 ``input_topic`` (the default, lowest lane): the first stage consumes every lane and
 fetches from a lower lane only while the lanes above it have nothing to give
-(:mod:`workers.lanes`). Lanes are declared highest first; a lane may also set the
+(:mod:`workers.runtime.lanes`). Lanes are declared highest first; a lane may also set the
 Triton priority of its requests (a request's own ``priority`` header still wins).
 
 Ordering is per lane: a key's records in two lanes have no order between them, which

@@ -115,7 +115,12 @@ class Batching(_Strict):
     max_batch_size: PositiveInt | None = None
     """Requests per inference call; null = the model's max_batch_size as Triton reports it."""
     max_queue_delay_ms: NonNegativeFloat = 5.0
-    """How long a partial batch waits for more requests before it is sent anyway."""
+    """How long a partial batch waits for more requests, while every call is busy, before it
+    is sent anyway (with a call free it goes at once, unless hold_partial_batches)."""
+    hold_partial_batches: bool = False
+    """true: a partial batch always waits max_queue_delay_ms, even with a call free (fuller
+    batches at moderate load, for that much more latency); false: work conserving, as
+    Triton's own dynamic batcher (a free call takes what is queued at once)."""
     max_inflight_batches: PositiveInt = 4
     """Inference calls outstanding at once, per worker."""
     max_pending_requests: PositiveInt = 4096

@@ -6,7 +6,7 @@ Triton use ``UNAVAILABLE`` both for "nothing answered" and for "model not
 available", so the status alone cannot tell: the message, the repository index
 and the server's readiness are consulted too.
 
-Live model management, as observed on Triton 2.51 (see workers/triton_backend.py
+Live model management, as observed on Triton 2.51 (see workers/stateless/triton_backend.py
 for the whole reload story): a model that is not loaded, whether being loaded or
 unloaded right now or settled unloaded (a person unloaded it, a load failed), is an
 *outage* of the stage, not the request's fault: the stage's model is fixed by the

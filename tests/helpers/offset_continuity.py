@@ -2,7 +2,7 @@
 
 Several producers write one partition at once (the broker then sometimes answers a fetch
 at offset X from X+1: :mod:`pipeline.kafka.continuity`), while a stage tails it. The stage
-is the project's stage runtime (:class:`workers.base.StreamStage`: its consumer, its guarded
+is the project's stage runtime (:class:`workers.runtime.stream_stage.StreamStage`: its consumer, its guarded
 fetch, outbox and commits) with a handler that echoes each record's value, so its output
 must equal its input record by record.
 
@@ -30,8 +30,8 @@ from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.base import StreamStage
-from workers.stage_io import StageIO
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
 
 GUARD_SWITCH = "PIPELINE_TEST_OFFSET_GUARD"
 

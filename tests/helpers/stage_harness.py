@@ -1,11 +1,11 @@
 """The stateless stage's own logic in memory: no broker, no Triton, milliseconds per test.
 
-:class:`workers.stateless.BatchingStage` runs for real here: its intake, dynamic batcher,
+:class:`workers.stateless.stage.BatchingStage` runs for real here: its intake, dynamic batcher,
 failure policy (outage waits, transient retries, the per-request split of a failed batch,
 dead letters) and the real :class:`pipeline.kafka.outbox.Outbox` (ordering, commits). Only
 what lies behind the stage's seams is faked:
 
-- the backend (:class:`ScriptedBackend`, the :class:`workers.backend.BatchBackend` the stage
+- the backend (:class:`ScriptedBackend`, the :class:`workers.stateless.backend.BatchBackend` the stage
   calls), scriptable per call: served from its inputs (after a delay, if scripted), or
   raising one of the error kinds the failure policy tells apart;
 - the aiokafka clients the outbox calls (:class:`FakeProducer` ``send``, :class:`FakeConsumer`
@@ -46,11 +46,10 @@ from pipeline.kafka.outbox import Outbox
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.tracing import CallSpan
 from pipeline.settings import KafkaSettings
-from workers.backend import BatchOutput
-from workers.padding import Padder
-from workers.routing import TensorRouting
-from workers.stage_io import StageIO
-from workers.stateless import BatchingSettings, BatchingStage
+from workers.runtime.stage_io import StageIO
+from workers.stateless.backend import BatchOutput
+from workers.stateless.features import FeatureParts
+from workers.stateless.stage import BatchingSettings, BatchingStage
 
 INPUT = "requests"
 OUTPUT = "results"
@@ -92,7 +91,7 @@ class Call:
 
 
 class ScriptedBackend:
-    """A :class:`workers.backend.BatchBackend` whose calls follow a script.
+    """A :class:`workers.stateless.backend.BatchBackend` whose calls follow a script.
 
     Each call takes the next ``script`` step (then serves normally); while ``down`` every call
     is an outage; a batch holding a request whose correlation ID is in ``poison`` fails with
@@ -301,16 +300,13 @@ async def stage_harness(
     backend: ScriptedBackend,
     settings: BatchingSettings,
     *,
-    routing: TensorRouting | None = None,
-    padding: Padder | None = None,
+    parts: FeatureParts = FeatureParts(),
 ) -> AsyncIterator[StageHarness]:
-    """A set-up stage over ``backend`` (with the stage's own ``routing`` and ``padding``, if
-    given); on exit its running batches are cancelled and it is torn down (what is still
+    """A set-up stage over ``backend`` (with the features of ``parts``: a tensor map, padding,
+    ...); on exit its running batches are cancelled and it is torn down (what is still
     unfinished stays uncommitted, as on a real shutdown)."""
     io = StageIO("classify", "classify-group", INPUT, OUTPUT, DEAD_LETTERS, drain_timeout_s=1.0, close_timeout_s=0.5)
-    stage = BatchingStage(
-        io, backend, settings, kafka=KafkaSettings(), metrics=PipelineMetrics(), routing=routing, padding=padding
-    )
+    stage = BatchingStage(io, backend, settings, kafka=KafkaSettings(), metrics=PipelineMetrics(), parts=parts)
     producer, consumer = FakeProducer(), FakeConsumer()
     outbox = Outbox(producer, consumer, on_acknowledged=stage.outcomes.acknowledged, batch_sends=False)
     stage._outbox = outbox  # StreamStage.start() would build it with real clients (seam: see the module docstring)

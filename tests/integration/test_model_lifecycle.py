@@ -13,7 +13,7 @@ What Triton 2.51 does (explicit model control, observed): loading version 2
 with the default version policy (latest 1) keeps v1 serving until v2 is READY,
 then unloads v1 after its in-flight requests; no request fails. After an
 unload, requests fail at once ("has no available versions"); see
-``workers/triton_backend.py`` for how the stage classifies that.
+``workers/stateless/triton_backend.py`` for how the stage classifies that.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from pipeline.triton.admin import TritonAdmin
 from pipeline.triton.client import sync_client
 from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.topology_process import TopologyFiles, pipeline_process, write_topology
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.triton_backend import TritonModelBackend
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.s3, pytest.mark.slow]
 

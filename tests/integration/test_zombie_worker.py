@@ -7,7 +7,7 @@ in flight, A is frozen (SIGSTOP); the group drops it and B takes its partitions 
 Then A runs again (SIGCONT): whatever it had finished (results, and on the audio topology
 the streams' checkpoints and the next frames of its streams for Triton's sequence state,
 which B now drives under the same sequence ids) is due at once, before its heartbeat learns
-it is out. The membership fence (pipeline/kafka/membership.py, workers/fencing.py) holds
+it is out. The membership fence (pipeline/kafka/membership.py, workers/runtime/fencing.py) holds
 all of it until the coordinator has answered, then drops it; A rejoins and takes a share
 of the rest. Without the fence (checked once by disabling it), the audio run gave
 conflicting duplicates and streams whose last checkpoint was not the reference's.
@@ -56,7 +56,8 @@ requests or 100 audio chunks a second: the workers are seldom idle)."""
 STAGES = {"stateless": ["classify"], "audio": ["preprocess", "vad"]}
 """Each topology's stages; the last writes the result topic (audio: the stateful one)."""
 QUEUE_DELAY_MS = 100.0
-"""How long a request may wait to fill a batch (stateless, DALI) here: a worker frozen
+"""How long a request waits to fill a batch (stateless, DALI) here, a call slot free or not
+(``hold_partial_batches``: the batcher is work conserving by default): a worker frozen
 mid-stream then surely holds unfinished requests, which is what the fence is about."""
 
 
@@ -73,9 +74,12 @@ def workloads() -> dict[str, Workload]:
     are sent over PRODUCE_S), batches waiting up to QUEUE_DELAY_MS."""
     classify = {
         "name": "classify", "kind": "stateless", "model": "dense_classifier", **FAST_FAILURES,
-        "batching": {"max_queue_delay_ms": QUEUE_DELAY_MS, "max_inflight_batches": 4},
+        "batching": {"max_queue_delay_ms": QUEUE_DELAY_MS, "max_inflight_batches": 4, "hold_partial_batches": True},
     }
-    preprocess = {**DALI_STAGE, "batching": {"max_batch_size": 64, "max_queue_delay_ms": QUEUE_DELAY_MS}}
+    preprocess = {
+        **DALI_STAGE,
+        "batching": {"max_batch_size": 64, "max_queue_delay_ms": QUEUE_DELAY_MS, "hold_partial_batches": True},
+    }
     vad = {**SEQUENCE_STAGE, **FAST_FAILURES}
     return {
         "stateless": _with_stages(stateless(n=4800), [classify]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.batching import DynamicBatcher
+from workers.stateless.batching import DynamicBatcher
 
 
 def test_releases_when_rows_reach_max() -> None:
@@ -53,3 +53,31 @@ def test_a_batch_is_released_by_bytes_before_rows() -> None:
     huge = batcher.add("k", "d", 1, now=0.0, size=500)  # b + c leave; d alone is over the limit
     assert [b.items for b in huge] == [["b", "c"], ["d"]]
     assert len(batcher) == 0
+
+
+def test_with_a_free_call_slot_the_oldest_groups_go_at_once() -> None:
+    """Work conserving: no wait below saturation, one call per free slot, oldest first."""
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=64, max_delay_s=10)
+    batcher.add("late", "c", rows=1, now=2.0)
+    batcher.add("early", "a", rows=1, now=1.0)
+    batcher.add("early", "b", rows=1, now=1.5)
+    assert batcher.take_for_free_calls(0) == [], "every call busy: the groups keep forming"
+    [first] = batcher.take_for_free_calls(1)
+    assert first.items == ["a", "b"], "the oldest group, whole, though far from full and not due"
+    assert [b.items for b in batcher.take_for_free_calls(4)] == [["c"]]
+    assert len(batcher) == 0 and batcher.take_for_free_calls(4) == []
+
+
+def test_with_pick_a_free_slot_takes_one_call_of_max_rows() -> None:
+    picked: list[int] = []
+
+    def pick(items: list[str], max_rows: int) -> list[int]:
+        picked.append(len(items))
+        return list(range(max_rows))
+
+    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=2, max_delay_s=10, pick=pick, capacity=lambda: 0)
+    for i, item in enumerate("abc"):
+        assert batcher.add("k", item, rows=1, now=float(i)) == [], "no capacity: nothing goes by itself"
+    [call] = batcher.take_for_free_calls(1)
+    assert call.items == ["a", "b"] and picked == [3]
+    assert len(batcher) == 1, "the rest stays, first in line"

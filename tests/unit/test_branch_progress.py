@@ -30,11 +30,11 @@ from pipeline.tools.top.snapshot import parse_snapshot
 from pipeline.tools.top.view import plain_lines
 from pipeline.topology import load_topology
 from tests.helpers.branch_graph import two_branch_graph
-from workers.event_time import now_ms
-from workers.join import JoinSettings, JoinStage, JoinState, JoinStateCodec
-from workers.join_expiry import expiry_rules
-from workers.stage_io import StageIO
-from workers.upstream import UpstreamWatch, watched_clock
+from workers.join.expiry import expiry_rules
+from workers.join.stage import JoinSettings, JoinStage, JoinState, JoinStateCodec
+from workers.runtime.event_time import now_ms
+from workers.runtime.stage_io import StageIO
+from workers.runtime.upstream import UpstreamWatch, watched_clock
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA = KafkaSettings(bootstrap_servers="x:1")

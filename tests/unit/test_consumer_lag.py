@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from pipeline.observability.metrics import PipelineMetrics
-from workers.lag import ConsumerLag
+from workers.runtime.lag import ConsumerLag
 
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
 

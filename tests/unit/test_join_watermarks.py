@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.progress import backlog
 from tests.helpers.branch_graph import two_branch_graph
-from workers.event_time import EventTimeClock, now_ms
+from workers.runtime.event_time import EventTimeClock, now_ms
 
 
 def _record(partition: int, offset: int, timestamp: int) -> Any:
@@ -92,4 +92,7 @@ def test_a_partition_nothing_was_read_from_is_behind_while_its_end_is_past_where
     unknown = TopicPartition("score.out", 2)
     ends[unknown] = 10
     clock.assigned([unknown])
-    assert clock.caught_up(unknown), "start unknown (broker not answering): the grace rule alone, as before"
+    assert not clock.caught_up(unknown), "start unknown (broker not answering): counted from offset 0, never taken as read"
+    record = SimpleNamespace(topic=unknown.topic, partition=2, offset=9, timestamp=now_ms())
+    clock.observe(record)
+    assert clock.caught_up(unknown), "read to its end"

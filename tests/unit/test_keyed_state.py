@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.settings import KafkaSettings
 from pipeline.state import CorruptState, KeyedStateStore, StateLimits, decode_state, encode_state
-from workers.join import JoinState, JoinStateCodec
+from workers.join.stage import JoinState, JoinStateCodec
 
 
 @dataclass

@@ -14,8 +14,8 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.tools.target import Target
 from pipeline.topology.lanes import Lane, find_lane
 from pipeline.topology.loader import load_topology, parse_topology
-from workers.flow_control import FlowControl
-from workers.lanes import LaneRule, LaneScheduler, lane_priority
+from workers.runtime.flow_control import FlowControl
+from workers.runtime.lanes import LaneRule, LaneScheduler, lane_priority
 
 HIGH, MID, LOW = "in.lane.high", "in.lane.mid", "in"
 LANES = (Lane("high", HIGH, 1), Lane("mid", MID), Lane("default", LOW))
@@ -291,8 +291,9 @@ def test_a_lanes_priority_reaches_triton_unless_the_request_names_its_own() -> N
 
     from pipeline.contract.request import decode_request, encode_request
     from pipeline.settings import KafkaSettings
-    from workers.stage_io import StageIO
-    from workers.stateless import BatchingSettings, BatchingStage
+    from workers.runtime.stage_io import StageIO
+    from workers.stateless.features import ApplyDefaults
+    from workers.stateless.stage import BatchingSettings, BatchingStage
 
     io = StageIO("classify", "g", LOW, "out", "dl", lanes=LANES)
     backend: Any = object()  # never called: only the defaults are applied here
@@ -303,7 +304,8 @@ def test_a_lanes_priority_reaches_triton_unless_the_request_names_its_own() -> N
         record = encode_request({"features": [[0.0] * 16]}, correlation_id="c", priority=own)
         consumed = ConsumerRecord(topic, 0, 0, 0, 0, b"c", record.value, None, 1, len(record.value), record.headers)
         request = decode_request(record.value, list(record.headers))
-        return stage.intake.with_defaults(request, consumed).priority
+        defaults = next(step for step in stage.features.requests if isinstance(step, ApplyDefaults))
+        return defaults.applied(request, consumed).priority
 
     assert priority(HIGH) == 1  # the lane's
     assert priority(MID) == 5  # a lane without its own: the stage's

@@ -93,6 +93,35 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert upward == []
 
 
+WORKER_LAYERS = {
+    "workers.runtime": set(),
+    "workers.stateless": {"workers.runtime"},
+    "workers.sequence": {"workers.runtime"},
+    "workers.join": {"workers.runtime"},
+}
+"""Inside ``workers``: the runtime every stage shares, below three stage kinds that know
+nothing of each other (the stateless stage with its optional features, the sequence stage,
+the join)."""
+
+
+def _worker_package(module: str) -> str | None:
+    return next((p for p in WORKER_LAYERS if module == p or module.startswith(p + ".")), None)
+
+
+def test_the_stage_kinds_share_only_the_runtime() -> None:
+    modules = _graph()
+    unplaced = [m for m in modules if m.startswith("workers.") and _worker_package(m) is None]
+    assert unplaced == [], "a module of workers/ outside runtime/, stateless/, sequence/, join/"
+    crossing = [
+        f"{m} imports {d}"
+        for m, deps in modules.items()
+        if (own := _worker_package(m)) is not None
+        for d in sorted(deps)
+        if (other := _worker_package(d)) is not None and other != own and other not in WORKER_LAYERS[own]
+    ]
+    assert crossing == []
+
+
 def test_no_import_cycles() -> None:
     """Tarjan's strongly connected components; package ``__init__`` re-exports excluded
     (importing ``a.b`` runs ``a/__init__`` first, which is not a dependency of ``a.b``'s code)."""

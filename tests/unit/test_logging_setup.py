@@ -54,7 +54,7 @@ def test_debug_opens_the_libraries_and_error_closes_everything_below() -> None:
 @pytest.mark.usefixtures("restore_logging")
 def test_json_lines_carry_level_logger_message_and_exception() -> None:
     stream = _configured("info", "json")
-    log = logging.getLogger("workers.base")
+    log = logging.getLogger("workers.runtime.stream_stage")
     log.info("assigned %s", "p0", extra={"stage": "classify"})
     try:
         raise ValueError("boom")
@@ -62,7 +62,7 @@ def test_json_lines_carry_level_logger_message_and_exception() -> None:
         log.exception("failed")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert {k: first[k] for k in ("level", "logger", "message", "stage")} == {
-        "level": "INFO", "logger": "workers.base", "message": "assigned p0", "stage": "classify"
+        "level": "INFO", "logger": "workers.runtime.stream_stage", "message": "assigned p0", "stage": "classify"
     }
     assert first["timestamp"]
     assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]

@@ -35,7 +35,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.kafka.membership import MembershipLease, MembershipLost, held_outputs, watch
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, OutRecord
-from workers.fencing import StageFence
+from workers.runtime.fencing import StageFence
 
 HEARTBEAT, JOIN, SYNC, LEAVE = (r.API_KEY for r in (HeartbeatRequest, JoinGroupRequest, SyncGroupRequest, LeaveGroupRequest))
 NO_ERROR, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS = 0, 22, 25, 27

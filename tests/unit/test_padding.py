@@ -16,8 +16,8 @@ from pipeline.topology.compat import check_compatibility
 from pipeline.topology.model import StatelessStageConfig
 from pipeline.topology.padding import PaddingConfig
 from tests.helpers.fake_triton import FakeModel, FakeTensor, FakeTriton
-from workers.batching import DynamicBatcher
-from workers.padding import Padder
+from workers.stateless.batching import DynamicBatcher
+from workers.stateless.padding import Padder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ from pipeline.deadletter.claim_check import (
 )
 from pipeline.errors import ConfigError
 from pipeline.tools.replay_rules import Letter, ReplayFilter, ReplayRules, Verdict, parse_time
-from workers.dead_letters import dead_letter_of
+from workers.runtime.dead_letters import dead_letter_of
 
 NOW = 1_700_000_000_000
 ORIGINAL: list[tuple[str, bytes | None]] = [

@@ -17,10 +17,10 @@ from pipeline.contract.request import decode_request, encode_request
 from pipeline.kafka.outbox import OutRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.traffic_metrics import TrafficMetrics
-from workers.backend import BatchOutput
-from workers.routing import TensorRouting
-from workers.shadow import ShadowCopy, ShadowMirror
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.backend import BatchOutput
+from workers.stateless.shadow import ShadowCopy, ShadowMirror
+from workers.stateless.tensor_map import TensorMap
+from workers.stateless.triton_backend import TritonModelBackend
 
 
 @dataclass
@@ -74,7 +74,7 @@ def _mirror(backend: _Backend, max_inflight: int) -> tuple[ShadowMirror, Pipelin
 
     mirror = ShadowMirror(
         cast(TritonModelBackend, backend), stage="s", topic="out.shadow", max_inflight=max_inflight,
-        routing=TensorRouting(), counter=TrafficMetrics.of(metrics).shadow,
+        tensor_map=TensorMap(), counter=TrafficMetrics.of(metrics).shadow,
     )
     mirror.start(send)
     return mirror, metrics, sent

@@ -5,6 +5,10 @@ their integration tests."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
+
 import pytest
 
 from pipeline.contract.errors import BadRequest, ErrorClass
@@ -19,7 +23,7 @@ from tests.helpers.stage_harness import (
     feature_requests,
     stage_harness,
 )
-from workers.stateless import BatchingSettings
+from workers.stateless.stage import BatchingSettings
 
 WIDTH = 4  # features per row; request i's rows are all i, so its score is WIDTH * i
 
@@ -139,14 +143,43 @@ async def test_an_outage_dead_letters_nothing_and_results_follow_once_the_backen
 
 async def test_records_handled_together_share_calls_of_at_most_max_batch_size() -> None:
     backend = ScriptedBackend()
-    async with stage_harness(backend, fast(max_batch_size=4)) as h:
+    async with stage_harness(backend, fast(max_batch_size=4, delay_s=60.0)) as h:
         await h.feed(feature_requests(10, width=WIDTH))
         await h.pump()
 
-        # Two full batches leave as they fill; the rest once the queue delay has passed.
+        # Two full batches leave as they fill; the rest once the fetch is handled, a call slot
+        # being free (work-conserving: no wait for the queue delay).
         assert [c.ids for c in backend.calls] == [ids(0, 1, 2, 3), ids(4, 5, 6, 7), ids(8, 9)]
         assert [c.rows for c in backend.calls] == [4, 4, 2]
         assert h.keys() == [(OUTPUT, f"c{i}") for i in range(10)] and h.committed() == 10
+
+
+async def test_while_every_call_is_busy_later_fetches_fill_batches_and_a_freed_slot_takes_the_rest() -> None:
+    backend = ScriptedBackend(script=[0.02])  # the first call is slow: the only call slot stays busy
+    async with stage_harness(backend, fast(max_batch_size=4, delay_s=60.0, inflight=1)) as h:
+        await h.feed(feature_requests(1, width=WIDTH))  # a free slot: it goes alone, at once
+        await h.feed(feature_requests(1, width=WIDTH, first=1))
+        await h.feed(feature_requests(5, width=WIDTH, first=2))
+        await h.pump()
+
+        # c1..c4 filled a batch while c0 ran; c5, c6 went when a slot was free, not after 60 s.
+        assert [c.ids for c in backend.calls] == [ids(0), ids(1, 2, 3, 4), ids(5, 6)]
+        assert h.keys() == [(OUTPUT, f"c{i}") for i in range(7)] and h.committed() == 7
+
+
+async def test_with_hold_partial_batches_a_partial_batch_waits_its_queue_delay_though_a_call_is_free() -> None:
+    backend = ScriptedBackend()
+    settings = dataclasses.replace(fast(max_batch_size=4, delay_s=0.05), hold_partial_batches=True)
+    async with stage_harness(backend, settings) as h:
+        started = time.monotonic()
+        await h.feed(feature_requests(6, width=WIDTH))
+        await asyncio.sleep(0.01)
+        assert [c.ids for c in backend.calls] == [ids(0, 1, 2, 3)]  # the full batch only
+
+        await h.pump()
+        assert [c.ids for c in backend.calls] == [ids(0, 1, 2, 3), ids(4, 5)]
+        assert time.monotonic() - started >= 0.04  # c4, c5 waited out the delay
+        assert h.keys() == [(OUTPUT, f"c{i}") for i in range(6)] and h.committed() == 6
 
 
 async def test_rows_not_requests_fill_a_batch_and_each_request_gets_its_own_rows_back() -> None:
@@ -177,9 +210,10 @@ async def test_a_stage_limit_above_the_backends_is_refused_at_setup() -> None:
 async def test_shutdown_finishes_running_and_waiting_batches_and_commits_past_them() -> None:
     backend = ScriptedBackend(script=[0.02])
     async with stage_harness(backend, fast(delay_s=60.0, inflight=1)) as h:
-        await h.feed(feature_requests(3, width=WIDTH))  # a partial batch, waiting out its queue delay
+        await h.feed(feature_requests(1, width=WIDTH))  # running (slowly) when the shutdown starts
+        await h.feed(feature_requests(2, width=WIDTH, first=1))  # the slot is busy: they wait in the batcher
         assert h.producer.sent == [] and h.outbox.pending() == 3
 
         await h.drain()  # release, flush, commit: no tick, no pump
-        assert [c.ids for c in backend.calls] == [ids(0, 1, 2)]
+        assert [c.ids for c in backend.calls] == [ids(0), ids(1, 2)]
         assert h.keys() == [(OUTPUT, f"c{i}") for i in range(3)] and h.committed() == 3

@@ -14,12 +14,12 @@ from aiokafka.structs import TopicPartition
 from pipeline.contract.records import read_dead_letter
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.event_time import EventTimeClock, now_ms
-from workers.join import JoinSettings, JoinStage, JoinState
+from workers.join.stage import JoinSettings, JoinStage, JoinState
+from workers.runtime.event_time import EventTimeClock, now_ms
+from workers.runtime.stage_io import StageIO
 from workers.sequence.chunks import Chunk, Placement, placement
 from workers.sequence.model import sequence_id
 from workers.sequence.state import StreamState
-from workers.stage_io import StageIO
 
 
 def _chunk(index: int, payload: bytes = b"x", *, start: bool = False) -> Chunk:

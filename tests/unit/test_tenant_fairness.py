@@ -18,10 +18,10 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.runtime.tenant_settings import tenancy_settings
 from pipeline.topology import load_topology
 from pipeline.topology.model import StatelessStageConfig
-from workers.batching import DynamicBatcher
-from workers.tenancy.fair_share import fair_pick
-from workers.tenancy.gate import DELAY_COUNT, DELAY_UNTIL, StageHooks, TenancySettings, TenantGate
-from workers.tenancy.quotas import OTHER, QuotaSpec, TenantLabels, TenantQuotas
+from workers.stateless.batching import DynamicBatcher
+from workers.stateless.tenancy.fair_share import fair_pick
+from workers.stateless.tenancy.gate import DELAY_COUNT, DELAY_UNTIL, StageHooks, TenancySettings, TenantGate
+from workers.stateless.tenancy.quotas import OTHER, QuotaSpec, TenantLabels, TenantQuotas
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -220,7 +220,7 @@ async def test_held_records_go_back_unchanged_on_release() -> None:
     later = str(int((time.time() + 3) * 1000)).encode()
     headers = [("tenant", b"a"), (DELAY_UNTIL, later), (DELAY_COUNT, b"1")]
     await gate.admit(_Record("in.delay", b"k", headers), None)  # type: ignore[arg-type]
-    gate.release(None)
+    gate.return_held(None)
     [back] = stage.completed
     assert back.topic == "in.delay" and back.headers == headers
     assert gate.due() == []

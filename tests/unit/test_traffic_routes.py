@@ -16,7 +16,7 @@ from pipeline.topology import load_topology, parse_topology
 from pipeline.topology.compat import check_compatibility
 from pipeline.topology.model import StatelessStageConfig
 from tests.helpers.fake_triton import FakeModel, FakeTensor, FakeTriton
-from workers.traffic import Route, RouteTable, stable_point
+from workers.stateless.routes import Route, RouteTable, stable_point
 
 REPO = Path(__file__).resolve().parents[2]
 

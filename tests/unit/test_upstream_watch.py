@@ -14,7 +14,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.kafka.progress import BranchState, Upstream, UpstreamProgress
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.upstream import UpstreamWatch, highwater_or_end
+from workers.runtime.upstream import UpstreamWatch, highwater_or_end
 
 
 class SlowProgress(UpstreamProgress):

@@ -22,10 +22,10 @@ from pipeline.runtime.runner import _bounded_shutdown
 from pipeline.runtime.stages import stall_after_s
 from pipeline.runtime.watchdog import Liveness, Watchdog
 from pipeline.topology.model import Topology
-from workers.base import StreamStage
-from workers.dali import DaliAudioBackend, DaliRunTimeout, DaliSettings
-from workers.stage_io import StageIO
-from workers.triton_backend import call_timeout
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stream_stage import StreamStage
+from workers.stateless.dali import DaliAudioBackend, DaliRunTimeout, DaliSettings
+from workers.stateless.triton_backend import call_timeout
 
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
 

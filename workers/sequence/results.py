@@ -16,9 +16,9 @@ from pipeline.contract.records import result_headers
 from pipeline.contract.request import InferenceRequest
 from pipeline.contract.response import encode_response
 from pipeline.kafka.outbox import OutRecord
+from workers.runtime.stage_io import StageIO
 from workers.sequence.chunks import Chunk
 from workers.sequence.postprocess import Emission
-from workers.stage_io import StageIO
 
 RESULT_TYPE = "result-type"
 

@@ -38,7 +38,10 @@ from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import record_span
 from pipeline.settings import KafkaSettings, TritonSettings
-from workers.event_time import reading_starts
+from workers.runtime.event_time import reading_starts
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stateful import StatefulStage
+from workers.runtime.upstream import watched_clock
 from workers.sequence.checkpoints import close_pending, complete_chunk
 from workers.sequence.chunks import CHUNK_INDEX, Chunk, Placement, parse_chunk, placement
 from workers.sequence.model import SequenceModel
@@ -47,9 +50,6 @@ from workers.sequence.results import Origin, ResultWriter, gap_emission
 from workers.sequence.settings import SequenceSettings
 from workers.sequence.state import StreamState, StreamStateCodec, frame
 from workers.sequence.streams import SKIP_GAP, Stream, StreamTable
-from workers.stage_io import StageIO
-from workers.stateful import StatefulStage
-from workers.upstream import watched_clock
 
 log = logging.getLogger(__name__)
 

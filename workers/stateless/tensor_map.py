@@ -1,4 +1,4 @@
-"""Tensor routing between a topology's names and a model's names (Triton ensemble maps).
+"""Tensor maps between a topology's names and a model's names (as Triton ensembles map them).
 
 A step sees the message's tensors under topology-wide names. ``input_map``
 (model input -> topology tensor) picks and renames what the model gets;
@@ -23,11 +23,11 @@ from pipeline.contract.tensors import datatype_of
 
 
 @dataclass(frozen=True)
-class TensorRouting:
+class TensorMap:
     input_map: Mapping[str, str] = field(default_factory=dict)
     output_map: Mapping[str, str] = field(default_factory=dict)
     carry: bool = False  # outgoing messages keep the incoming tensors (graph steps)
-    select: Sequence[str] | None = None  # the result keeps only these tensors
+    keep: Sequence[str] | None = None  # the result keeps only these tensors
 
     def to_model(self, request: InferenceRequest) -> InferenceRequest:
         """The request as the model sees it: its inputs under the model's names."""
@@ -57,10 +57,10 @@ class TensorRouting:
         for name, array in produced.items():
             tensors[name] = array
             datatypes[name] = datatype_of(np.asarray(array))
-        if self.select is not None:
-            missing = [t for t in self.select if t not in tensors]
+        if self.keep is not None:
+            missing = [t for t in self.keep if t not in tensors]
             if missing:
                 raise BadRequest(ErrorClass.UNKNOWN_OUTPUT, f"result tensors {missing} were not produced")
-            tensors = {t: tensors[t] for t in self.select}
-            datatypes = {t: datatypes[t] for t in self.select}
+            tensors = {t: tensors[t] for t in self.keep}
+            datatypes = {t: datatypes[t] for t in self.keep}
         return tensors, datatypes

@@ -31,6 +31,7 @@ never closes.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -39,6 +40,8 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.records import ConsumedRecord
+
+log = logging.getLogger(__name__)
 
 HighWater = Callable[[TopicPartition], int | None]
 FetchedAt = Callable[[TopicPartition], int | None]
@@ -152,10 +155,11 @@ class EventTimeClock:
             return True
         last = self._last_offset.get(tp)
         if last is None:
-            within_grace = now - self._assigned_at.get(tp, 0) < self.grace_ms
-            if within_grace or tp not in self._start:
-                return within_grace
-            last = self._start[tp] - 1  # nothing read yet: behind while the end is past the start
+            if now - self._assigned_at.get(tp, 0) < self.grace_ms:
+                return True
+            # Nothing read yet: behind while the end is past where reading starts; a start
+            # not known (reading_starts failed) counts as the first offset, never as "read".
+            last = self._start.get(tp, 0) - 1
         high = self.highwater(tp)
         return high is not None and high > last + 1
 
@@ -174,7 +178,7 @@ class EventTimeClock:
 async def reading_starts(consumer: AIOKafkaConsumer | None, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
     """Where a group's reading of ``partitions`` begins: its committed offsets, or the
     partition's beginning where it never committed (the consumers reset to the earliest).
-    Unknown (no consumer, the broker not answering): left out, and the grace rule alone applies."""
+    Unknown (no consumer, the broker not answering): left out, and the clock counts from 0."""
     if consumer is None or not partitions:
         return {}
     try:
@@ -187,5 +191,6 @@ async def reading_starts(consumer: AIOKafkaConsumer | None, partitions: list[Top
         if never:
             starts.update(await consumer.beginning_offsets(never))
         return starts
-    except KafkaError:
+    except KafkaError as exc:
+        log.warning("where reading starts on %s is unknown (%r): their ends count from offset 0", partitions, exc)
         return {}

@@ -1,7 +1,7 @@
 """The DALI preprocessing stage: audio chunks to 16 kHz mono float32, batched across records.
 
 A batching backend like a Triton model, so it runs in the same batching loop
-(:class:`workers.stateless.BatchingStage`): records of many streams are decoded,
+(:class:`workers.stateless.stage.BatchingStage`): records of many streams are decoded,
 downmixed and resampled in one DALI pipeline run. DALI runs on one dedicated
 worker thread, off the event loop, on the GPU when there is one (chosen at
 start-up, logged, and exported as ``pipeline_stage_device_info``).
@@ -38,7 +38,7 @@ from pipeline.contract.errors import BadRequest, ErrorClass
 from pipeline.contract.request import InferenceRequest
 from pipeline.failure_policy import Failure, FailureKind
 from pipeline.observability.tracing import CallSpan
-from workers.backend import BatchOutput
+from workers.stateless.backend import BatchOutput
 
 if TYPE_CHECKING:
     from pipeline.audio.dali_preprocess import AudioPreprocessor

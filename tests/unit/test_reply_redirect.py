@@ -10,17 +10,17 @@ import pytest
 
 from pipeline.client.waiters import Delivery, Waiters
 from pipeline.contract.records import DeadLetter
-from pipeline.contract.reply import ReplyOutcome, reply_headers, reply_prefix, reply_route
+from pipeline.contract.reply import ReplyOutcome, reply_headers, reply_prefix, reply_target
 from pipeline.kafka.outbox import OutRecord
-from pipeline.kafka.replies import ReplyRouter
+from pipeline.kafka.replies import ReplyRedirector
 from pipeline.tools.decoding import Consumed, Kind
 from pipeline.tools.sources import audio_chunk
 
 PREFIX = reply_prefix("dense.results")
 
 
-def _route(*pairs: tuple[str, str]) -> tuple[ReplyOutcome | None, str | None, int | None]:
-    route = reply_route([(k, v.encode()) for k, v in pairs], PREFIX)
+def _target(*pairs: tuple[str, str]) -> tuple[ReplyOutcome | None, str | None, int | None]:
+    route = reply_target([(k, v.encode()) for k, v in pairs], PREFIX)
     return route.outcome, route.topic, route.partition
 
 
@@ -48,16 +48,16 @@ def test_prefix_is_the_result_topic_and_reply() -> None:
          (ReplyOutcome.BAD_HEADER, None, None)),
     ],
 )
-def test_reply_route(pairs: tuple[tuple[str, str], ...], want: tuple[object, ...]) -> None:
-    assert _route(*pairs) == want
+def test_reply_target(pairs: tuple[tuple[str, str], ...], want: tuple[object, ...]) -> None:
+    assert _target(*pairs) == want
 
 
 def test_non_utf8_reply_topic_is_a_bad_header() -> None:
-    assert reply_route([("reply-topic", b"\xff")], PREFIX).outcome is ReplyOutcome.BAD_HEADER
+    assert reply_target([("reply-topic", b"\xff")], PREFIX).outcome is ReplyOutcome.BAD_HEADER
 
 
 def test_reply_headers_round_trip() -> None:
-    route = reply_route(reply_headers("dense.results.reply.c1", 0), PREFIX)
+    route = reply_target(reply_headers("dense.results.reply.c1", 0), PREFIX)
     assert route.honoured and route.partition == 0
 
 
@@ -138,21 +138,21 @@ def test_audio_chunk_sets_the_sequence_flags_and_shape() -> None:
 
 def test_a_result_its_reply_topic_refused_goes_back_to_the_result_topic_and_the_topic_counts_as_missing() -> None:
     """The broker refused a result at its reply topic (deleted: its client is gone). The
-    outbox hands it back (``unroute``): it goes to the result topic it was bound for, and
+    outbox hands it back (``redirect_back``): it goes to the result topic it was bound for, and
     later results asking for that topic go there at once, before any metadata lookup.
     (Real Kafka refuses a send to a deleted topic; Tansu, the suite's broker, creates it
     again, so the integration tests cannot show it.)"""
     counted: list[ReplyOutcome] = []
-    router = ReplyRouter(cast(Any, None), result_topic="t.results", prefix="t.results.reply.", on_outcome=counted.append)
+    router = ReplyRedirector(cast(Any, None), result_topic="t.results", prefix="t.results.reply.", on_outcome=counted.append)
     reply = "t.results.reply.gone"
-    sent = OutRecord(topic=reply, key=b"k", value=b"v", headers=[], partition=0, unrouted=("t.results", None))
+    sent = OutRecord(topic=reply, key=b"k", value=b"v", headers=[], partition=0, redirected_from=("t.results", None))
     checkpoint = OutRecord(topic="t.state", key=b"k", value=b"s", headers=[], after_acks=True, counts_as_result=False)
 
-    back = asyncio.run(router.unroute((sent, checkpoint)))
+    back = asyncio.run(router.redirect_back((sent, checkpoint)))
 
-    assert back[0].topic == "t.results" and back[0].partition is None and back[0].unrouted is None
+    assert back[0].topic == "t.results" and back[0].partition is None and back[0].redirected_from is None
     assert back[1] is checkpoint
     assert counted == [ReplyOutcome.UNREACHABLE]
     later = OutRecord(topic="t.results", key=b"k2", value=b"v2", headers=reply_headers(reply))
-    assert asyncio.run(router.route(later)) is later  # no producer needed: known missing
+    assert asyncio.run(router.redirect(later)) is later  # no producer needed: known missing
     assert counted == [ReplyOutcome.UNREACHABLE, ReplyOutcome.UNKNOWN_TOPIC]

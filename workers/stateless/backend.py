@@ -1,11 +1,11 @@
 """The contract between the batching loop and the things that do the work.
 
 A *backend* serves a whole batch in one call: a Triton model (one batched gRPC
-request, :mod:`workers.triton_backend`) or a DALI pipeline (one run,
-:mod:`workers.dali`). It checks each request before batching (so one bad request
+request, :mod:`workers.stateless.triton_backend`) or a DALI pipeline (one run,
+:mod:`workers.stateless.dali`). It checks each request before batching (so one bad request
 never spoils a batch), says which requests may share a batch, and classifies its
 own errors (:class:`pipeline.failure_policy.Failure`); the batching loop in
-:mod:`workers.stateless` applies the failure policy. Backends import this module,
+:mod:`workers.stateless.stage` applies the failure policy. Backends import this module,
 never the stage.
 """
 

@@ -23,9 +23,9 @@ from pipeline.observability.tracing import CallSpan
 from pipeline.observability.traffic_metrics import TrafficMetrics
 from pipeline.settings import TritonSettings
 from pipeline.triton.client import triton_call_span
-from workers.backend import BatchOutput
-from workers.traffic import Route, RouteTable
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.backend import BatchOutput
+from workers.stateless.routes import Route, RouteTable
+from workers.stateless.triton_backend import TritonModelBackend
 
 
 class RouteCallFailed(Exception):

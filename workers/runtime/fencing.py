@@ -2,7 +2,7 @@
 
 The outbox fences what a stage completes; this fences what the stage *decides*. A worker
 whose membership is unconfirmed (maybe a zombie, resumed after its partitions moved)
-handles no record and runs no :meth:`~workers.base.StreamStage.tick`: an idle close or a
+handles no record and runs no :meth:`~workers.runtime.stream_stage.StreamStage.tick`: an idle close or a
 join expiry decided on a clock that jumped across a SIGSTOP would otherwise close, for
 keys another worker now owns, streams that are alive there. Outputs no input record owns
 (those decisions' results, checkpoints and tombstones) wait for the lease like the rest.

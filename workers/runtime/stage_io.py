@@ -34,7 +34,7 @@ class StageIO:
     more_input_topics: tuple[str, ...] = ()
     """Joins read several co-partitioned topics; partition p of each goes to one worker."""
     lanes: tuple[Lane, ...] = ()
-    """Priority lanes, highest first, the last one ``input_topic`` (:mod:`workers.lanes`)."""
+    """Priority lanes, highest first, the last one ``input_topic`` (:mod:`workers.runtime.lanes`)."""
     limits: RecordLimits = field(default_factory=RecordLimits)
     """Record sizes the clients handle (from the topology's largest accepted request)."""
     claim_checks: ClaimCheckStore | None = None

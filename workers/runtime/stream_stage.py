@@ -36,14 +36,14 @@ from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
 from pipeline.settings import KafkaSettings
-from workers.dead_letters import dead_letter_of
-from workers.fencing import StageFence
-from workers.flow_control import FlowControl
-from workers.lag import ConsumerLag
-from workers.lanes import LaneScheduler
-from workers.outcomes import StageOutcomes
-from workers.stage_clients import open_clients
-from workers.stage_io import StageIO
+from workers.runtime.dead_letters import dead_letter_of
+from workers.runtime.fencing import StageFence
+from workers.runtime.flow_control import FlowControl
+from workers.runtime.lag import ConsumerLag
+from workers.runtime.lanes import LaneScheduler
+from workers.runtime.outcomes import StageOutcomes
+from workers.runtime.stage_clients import open_clients
+from workers.runtime.stage_io import StageIO
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ each must be proven unable to deliver. Per missing branch, on the window's parti
 - ``caught-up``: its stages have processed all their input and the join has read the
   branch to its end (event time "now" has passed the window's end);
 - ``event-time``: its stages are behind, but what they have delivered is stamped past the
-  window's end, plus a grace for out-of-order stamps (:mod:`workers.event_time`);
+  window's end, plus a grace for out-of-order stamps (:mod:`workers.runtime.event_time`);
 
 and, for the whole window, ``max-wait``: it has been open longer than the hard limit.
 Time since a commit is none of these (issue 28). Gone and caught-up still wait until the

@@ -52,7 +52,7 @@ from pipeline.triton.admin import ModelDescription, TritonAdmin
 from pipeline.triton.client import aio_client, grpc_target, triton_call_span
 from pipeline.triton.failures import TritonFailureClassifier
 from pipeline.triton.shared_memory import RegionPool, SharedMemoryOptions, message_infer, output_specs
-from workers.backend import BatchOutput
+from workers.stateless.backend import BatchOutput
 
 log = logging.getLogger(__name__)
 

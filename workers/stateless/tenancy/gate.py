@@ -34,9 +34,9 @@ from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
-from workers.batching import DynamicBatcher, Pick
-from workers.tenancy.fair_share import fair_pick
-from workers.tenancy.quotas import QuotaSpec, TenantLabels, TenantQuotas
+from workers.stateless.batching import DynamicBatcher, Pick
+from workers.stateless.tenancy.fair_share import fair_pick
+from workers.stateless.tenancy.quotas import QuotaSpec, TenantLabels, TenantQuotas
 
 T = TypeVar("T")
 
@@ -159,7 +159,7 @@ class TenantGate:
             self._pause(tp)
         return ready
 
-    def release(self, partitions: list[TopicPartition] | None) -> None:
+    def return_held(self, partitions: list[TopicPartition] | None) -> None:
         """Rebalance or shutdown: held records go back to the delay topic as they are."""
         keep: list[_Held] = []
         back: list[_Held] = []
@@ -197,30 +197,6 @@ class TenantGate:
         consumer = self.hooks.consumer()
         if consumer is not None and tp in consumer.assignment() and not self.hooks.flow_paused():
             consumer.resume(tp)
-
-
-class NoGate:
-    """A stage without tenant quotas: every record is served, nothing is held."""
-
-    fair = False
-
-    def tenant_or_none(self, record: ConsumedRecord) -> str:
-        return ""
-
-    async def admit(self, record: ConsumedRecord, slot: Slot[Outputs]) -> bool:
-        return True
-
-    def due(self) -> list[tuple[ConsumedRecord, Slot[Outputs]]]:
-        return []
-
-    def release(self, partitions: list[TopicPartition] | None) -> None:
-        """Nothing held."""
-
-
-def stage_gate(
-    settings: TenancySettings | None, stage: str, metrics: PipelineMetrics, hooks: StageHooks
-) -> TenantGate | NoGate:
-    return NoGate() if settings is None else TenantGate(settings, stage, metrics, hooks)
 
 
 class _Item(Protocol):

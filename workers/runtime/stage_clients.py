@@ -19,9 +19,9 @@ from pipeline.kafka.outbox import Outbox
 from pipeline.kafka.replies import stage_replies
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
-from workers.fencing import StageFence
-from workers.outcomes import StageOutcomes
-from workers.stage_io import StageIO
+from workers.runtime.fencing import StageFence
+from workers.runtime.outcomes import StageOutcomes
+from workers.runtime.stage_io import StageIO
 
 
 @dataclass(frozen=True)

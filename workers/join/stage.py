@@ -15,7 +15,7 @@ left to read counts as "now" only when the stages upstream of it have committed
 their inputs to the end too, or are gone: no live member in their group for
 ``branch_gone_after``. A branch whose stages are behind is judged by the event time
 of what it has delivered; a window open longer than ``max_wait`` closes anyway
-(:mod:`pipeline.kafka.progress`, :mod:`workers.join_expiry`). Time since a commit
+(:mod:`pipeline.kafka.progress`, :mod:`workers.join.expiry`). Time since a commit
 is no evidence: a join does not expire because this worker, or the stage of one
 branch, is behind (a backlog, a rejoin, a slower branch), only because a branch
 cannot deliver. The dead letter names the rule that closed the window. Outputs
@@ -54,12 +54,12 @@ from pipeline.observability.record_trace import record_trace
 from pipeline.settings import KafkaSettings
 from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
-from workers.dead_letters import dead_letter_record
-from workers.event_time import LATE_GRACE_MS, EventTimeClock, now_ms, reading_starts
-from workers.join_expiry import Judged, Rule, expiry_reason, expiry_rules
-from workers.stage_io import StageIO
-from workers.stateful import StatefulStage
-from workers.upstream import UpstreamWatch, highwater_or_end
+from workers.join.expiry import Judged, Rule, expiry_reason, expiry_rules
+from workers.runtime.dead_letters import dead_letter_record
+from workers.runtime.event_time import LATE_GRACE_MS, EventTimeClock, now_ms, reading_starts
+from workers.runtime.stage_io import StageIO
+from workers.runtime.stateful import StatefulStage
+from workers.runtime.upstream import UpstreamWatch, highwater_or_end
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class JoinSettings:
     max_open: int | None = None
     """Joins one worker holds; beyond it the idlest are closed as if their window ended."""
     to_result: bool = False
-    select: tuple[str, ...] | None = None
+    keep: tuple[str, ...] | None = None
     upstream: tuple[Upstream, ...] = ()
     """The groups (and their inputs) of every stage upstream of each branch."""
     branch_gone_after_s: float = DEFAULT_GONE_AFTER_S
@@ -269,9 +269,9 @@ class JoinStage(StatefulStage):
             parameters["join_missing"] = ",".join(b for b in self.node.branches if b not in state.branches)
             extra_headers.append((JOIN_STATUS, status.encode()))
         if self.node.to_result:
-            if self.node.select is not None:
-                absent = [t for t in self.node.select if t not in tensors]
-                tensors = {t: tensors[t] for t in self.node.select if t in tensors}
+            if self.node.keep is not None:
+                absent = [t for t in self.node.keep if t not in tensors]
+                tensors = {t: tensors[t] for t in self.node.keep if t in tensors}
                 if absent and status is None:
                     raise BadRequest(ErrorClass.UNKNOWN_OUTPUT, f"result tensors {absent} were not produced")
             value, content_type = encode_response(
@@ -295,7 +295,7 @@ class JoinStage(StatefulStage):
         return 0.05
 
     def _judge(self, branch: str, partition: int) -> tuple[int, BranchState, bool]:
-        """What a missing branch's partition tells (:data:`workers.join_expiry.Judge`): only
+        """What a missing branch's partition tells (:data:`workers.join.expiry.Judge`): only
         missing branches are asked, so reading one branch ahead of another expires nothing."""
         tp = TopicPartition(self._topic_of[branch], partition)
         state = self.progress.state(branch, partition) if self.node.upstream else BranchState.CAUGHT_UP

@@ -7,7 +7,7 @@ requests go first in, first out, and a request is never split: a tenant whose ne
 request is larger than what its share has left stops there. The oldest request waiting
 always goes, so a single request larger than every share is never starved.
 
-Pure logic: :class:`workers.batching.DynamicBatcher` calls :func:`fair_pick` when a group
+Pure logic: :class:`workers.stateless.batching.DynamicBatcher` calls :func:`fair_pick` when a group
 holds more rows than one call takes (``pick`` hook).
 """
 

@@ -14,7 +14,7 @@ Robustness:
   while the consumer was not paused for backpressure counts as drained: a high
   watermark off by one, or a transaction marker the position never passes, must
   never hold the lower lanes forever.
-- Backpressure wins: while :class:`~workers.flow_control.FlowControl` has paused the
+- Backpressure wins: while :class:`~workers.runtime.flow_control.FlowControl` has paused the
   whole consumer, lanes change nothing; when it resumes everything, the lower lanes
   are paused again in the same turn, before the next fetch.
 

@@ -19,7 +19,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.progress import BranchState, UpstreamProgress
 from pipeline.observability.metrics import PipelineMetrics
-from workers.event_time import LATE_GRACE_MS, EventTimeClock, FetchedAt, HighWater
+from workers.runtime.event_time import LATE_GRACE_MS, EventTimeClock, FetchedAt, HighWater
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.state import KeyedStateStore, RestoreReport, StateCodec, StateLimits
-from workers.base import StreamStage
-from workers.dead_letters import corrupt_state_records
-from workers.event_time import EventTimeClock
+from workers.runtime.dead_letters import corrupt_state_records
+from workers.runtime.event_time import EventTimeClock
+from workers.runtime.stream_stage import StreamStage
 
 S = TypeVar("S")
 

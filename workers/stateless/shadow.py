@@ -34,8 +34,8 @@ from pipeline.contract.request import InferenceRequest
 from pipeline.contract.response import encode_response
 from pipeline.kafka.outbox import OutRecord
 from pipeline.kafka.records import ConsumedRecord
-from workers.routing import TensorRouting
-from workers.triton_backend import TritonModelBackend
+from workers.stateless.tensor_map import TensorMap
+from workers.stateless.triton_backend import TritonModelBackend
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,12 @@ class ShadowMirror:
         stage: str,
         topic: str,
         max_inflight: int,
-        routing: TensorRouting,
+        tensor_map: TensorMap,
         counter: Counter,
     ) -> None:
         self.backend, self.stage, self.topic = backend, stage, topic
         self.max_inflight = max_inflight
-        self.routing = routing
+        self.tensor_map = tensor_map
         self._send: Callable[[list[OutRecord]], Awaitable[None]] | None = None
         self._sent, self._failed, self._dropped = (counter.labels(stage, o) for o in ("sent", "failed", "dropped"))
         self._ready = False
@@ -148,7 +148,7 @@ class ShadowMirror:
         self._sent.inc(len(records))
 
     def _record(self, copy: ShadowCopy, outputs: dict[str, np.ndarray], model: str, version: str) -> OutRecord:
-        tensors, _ = self.routing.from_model(copy.message, outputs)
+        tensors, _ = self.tensor_map.from_model(copy.message, outputs)
         value, content_type = encode_response(
             copy.message, tensors, model_name=model, model_version=version, parameters=copy.message.parameters
         )

@@ -4,13 +4,15 @@ A group is keyed by everything that must be equal inside one Triton call
 (model, version, tensor names, dtypes and per-row shapes, requested outputs,
 priority, timeout). Requests of different shapes therefore never share a
 batch (a stage with ``padding:`` pads requests to their length bucket before they are
-keyed, :mod:`workers.padding`). A group is released when it holds
+keyed, :mod:`workers.stateless.padding`). A group is released when it holds
 ``max_rows`` rows (or ``max_bytes`` of payload: 64 rows of 16 MiB must not become one
 1 GiB gRPC call; or ``max_elements`` tensor elements: 64 rows padded to 4096 positions
 cost Triton what their padded size says, not what their rows say) or its oldest
-request has waited ``max_delay_s``.
+request has waited ``max_delay_s``, or, at once, when a call slot is free and the stage
+has nothing more on hand (:meth:`DynamicBatcher.take_for_free_calls`): below saturation the
+batcher adds no wait, and batches form only while every call is busy.
 
-With a ``pick`` hook (tenant fairness, :mod:`workers.tenancy.fair_share`) a group is
+With a ``pick`` hook (tenant fairness, :mod:`workers.stateless.tenancy.fair_share`) a group is
 released only while the stage has an in-flight slot free (``capacity``): until then it
 keeps growing past ``max_rows``, and when a call can start, ``pick`` chooses which of its
 requests go (the rest stay, first in line for the next call). Batches then form when
@@ -118,6 +120,18 @@ class DynamicBatcher(Generic[T]):
             return self._release_picked(now)
         ready = [k for k, g in self._open.items() if now - g.opened_at >= self.max_delay_s]
         return [self._open.pop(k) for k in ready]
+
+    def take_for_free_calls(self, room: int) -> list[Batch[T]]:
+        """Work conserving: ``room`` calls are free and the stage holds nothing more (it has
+        handled all it fetched), so waiting for a group to fill would only add latency. The
+        oldest groups go now, one call each, up to ``room`` (``pick``: ``max_rows`` of them
+        chosen by it). Triton's own dynamic batcher starts a free instance the same way;
+        batches still form, up to ``max_rows``, while every call is busy."""
+        released: list[Batch[T]] = []
+        while self._open and len(released) < room:
+            oldest = min(self._open.values(), key=lambda g: g.opened_at)
+            released.append(self._take(oldest) if self._pick is not None else self._open.pop(oldest.key))
+        return released
 
     def next_due(self) -> float | None:
         """Monotonic time at which the next group becomes due, if any is open (``pick``: and

@@ -1,0 +1,179 @@
+"""One batch of a stateless stage through its backend: the failure policy, then each
+request's outcome (its result, or its dead letter).
+
+Failure policy (the backend classifies each error, the runner applies it):
+- an *outage* (server down, starting, shutting down) is not the request's
+  fault: the batch waits with backoff, holding its in-flight slot, so the
+  consumer pauses (bounded memory) and nothing is dead-lettered for it;
+- a *transient* error (UNAVAILABLE, timeout from a live server) is retried with
+  backoff up to ``retry.max_attempts``; then the requests are dead-lettered;
+- any other error for a batch of several requests is retried request by
+  request, so only the request that causes it is dead-lettered;
+- a request whose deadline passes while it waits is dead-lettered before the call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.contract.errors import BadRequest, ErrorClass
+from pipeline.contract.records import result_headers
+from pipeline.contract.request import InferenceRequest, forward_request
+from pipeline.contract.response import encode_response
+from pipeline.failure_policy import Failure, FailureKind, GaveUp, RetryPolicy, call_with_retry
+from pipeline.kafka.ordering import Slot
+from pipeline.kafka.outbox import Outputs, OutRecord
+from pipeline.kafka.records import ConsumedRecord
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.observability.record_trace import record_trace
+from pipeline.observability.tracing import call_span
+from workers.runtime.stage_io import StageIO
+from workers.stateless.backend import BatchBackend, BatchOutput
+from workers.stateless.features import ResultStep
+from workers.stateless.tensor_map import TensorMap
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request in the batcher, waiting for its call."""
+
+    record: ConsumedRecord
+    slot: Slot[Outputs]
+    request: InferenceRequest  # as the backend sees it (model tensor names)
+    message: InferenceRequest  # as it arrived (topology tensor names)
+    prepared: object
+    rows: int
+    enqueued: float
+    length: int | None = None  # the true length of a padded request (its outputs are trimmed to it)
+    tenant: str = ""  # tenant quotas: whose request (fair batches)
+
+
+DeadLetter = Callable[[ConsumedRecord, Slot[Outputs], ErrorClass, str], None]
+
+
+@dataclass
+class BatchRunner:
+    """Runs batches for one stage; completes each request's slot with its outcome."""
+
+    io: StageIO
+    backend: BatchBackend
+    retry: RetryPolicy
+    metrics: PipelineMetrics
+    tensor_map: TensorMap
+    results: tuple[ResultStep, ...]
+    complete: Callable[[Slot[Outputs], OutRecord], None]
+    dead_letter: DeadLetter
+    on_retry: Callable[[Failure], None]
+
+    async def serve(self, items: list[Pending]) -> None:
+        """Run the batch under the failure policy until every item has an output."""
+        live = items
+
+        async def attempt() -> BatchOutput | None:
+            nonlocal live
+            live = self._drop_expired(live)  # a request may expire between attempts
+            return await self._call(live) if live else None
+
+        try:
+            output = await call_with_retry(
+                attempt,
+                self.backend.classify,
+                self.retry,
+                label=f"{self.io.stage}: {self.backend.name}",
+                on_retry=self.on_retry,
+            )
+        except GaveUp as gave_up:
+            if gave_up.failure.kind is FailureKind.PERMANENT and len(live) > 1:
+                # Find the culprit: each request alone (the others may well succeed), one
+                # after another inside this batch's in-flight slot, so a split never
+                # exceeds max_inflight_batches calls.
+                for item in live:
+                    await self.serve([item])
+            else:
+                for item in live:
+                    self.fail(item, gave_up.failure.error_class, gave_up.failure.reason)
+            return
+        if output is not None:
+            for item, outputs in zip(live, output.outputs, strict=True):
+                self._succeed(item, outputs, output.model_name, output.model_version, output.route)
+
+    async def _call(self, items: list[Pending]) -> BatchOutput:
+        now = time.monotonic()
+        queue_delay = self.metrics.queue_delay.labels(self.io.stage)
+        for item in items:
+            queue_delay.observe(now - item.enqueued)
+        rows = sum(item.rows for item in items)
+        self.metrics.batch_size.labels(self.io.stage).observe(rows)
+        # Tracing: each record's wait ends; the call is one span, child of the first record's
+        # span (a batch of one is one tree) and linked to every record's.
+        spans = []
+        for item in items:
+            if (trace := record_trace(item.slot)) is not None:
+                trace.dequeued(len(items))
+                spans.append(trace.span)
+        batch = {"pipeline.batch.rows": rows, "pipeline.batch.requests": len(items)} if spans else None
+        started = time.perf_counter()
+        with call_span(self.backend.call_span, spans[0] if spans else None, spans, batch):
+            output = await self.backend.run([item.request for item in items], [item.prepared for item in items])
+        self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
+        return output
+
+    def _succeed(
+        self, item: Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
+    ) -> None:
+        for step in self.results:
+            outputs = step(outputs, item.length)
+        try:
+            tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
+            if self.io.emit_requests:
+                value, content_type = forward_request(item.message, tensors, datatypes)
+            else:
+                value, content_type = encode_response(
+                    item.message, tensors, model_name=model, model_version=version, parameters=item.message.parameters
+                )
+        except BadRequest as bad:
+            self.fail(item, bad.error_class, bad.reason)
+            return
+        headers = result_headers(
+            list(item.record.headers or ()),
+            correlation_id=item.request.correlation_id,
+            stage=self.io.stage,
+            model_name=model,
+            model_version=version,
+            content_type=content_type,
+            route=route,
+        )
+        self.complete(
+            item.slot,
+            OutRecord(
+                topic=self.io.output_topic,
+                key=item.record.key,
+                value=value,
+                headers=headers,
+                request_timestamp_ms=item.record.timestamp,
+                timestamp_ms=item.record.timestamp if self.io.emit_requests else None,
+            ),
+        )
+
+    def fail(self, item: Pending, error_class: ErrorClass, reason: str) -> None:
+        self.dead_letter(item.record, item.slot, error_class, reason)
+
+    def _drop_expired(self, items: list[Pending]) -> list[Pending]:
+        """Dead-letter requests whose deadline passed while they waited; keep the rest."""
+        live = []
+        for item in items:
+            if expired(item.request):
+                self.fail(item, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded while queued")
+            else:
+                live.append(item)
+        return live
+
+
+
+
+def expired(request: InferenceRequest) -> bool:
+    return request.expired(int(time.time() * 1000))
