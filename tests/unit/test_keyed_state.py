@@ -122,7 +122,7 @@ def test_undecodable_states_raise_corrupt_state(value: bytes) -> None:
 
 def test_join_state_round_trip_and_pre_envelope_records() -> None:
     codec = JoinStateCodec()
-    state = JoinState(first_ms=5, branches={"a": b"\x00\x01"}, headers=[("h", b"\xff")])
+    state = JoinState(first_ms=5, branches={"a": b"\x00\x01"}, headers=[("h", b"\xff")], positions={"a": ("t.a", 1, 42)})
     assert decode_state(codec, encode_state(codec, state)) == state
     legacy = b'{"first_ms":7,"partition":1,"done":true,"branches":{},"headers":[["h","AA=="]]}'
     assert decode_state(codec, legacy) == JoinState(first_ms=7, done=True, headers=[("h", b"\x00")])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from aiokafka.structs import TopicPartition
 
-from pipeline.contract.records import read_dead_letter
+from pipeline.contract.records import read_dead_letter, read_source
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from workers.join.stage import JoinSettings, JoinStage, JoinState
@@ -165,6 +165,7 @@ def test_inner_join_expiry_dead_letters_every_branch_that_arrived_with_its_own_h
         headers=[("h", b"first")],
         branch_headers={"a": [("h", b"from-a")], "b": [("h", b"from-b")]},
         digests={"a": "da", "b": "db"},
+        positions={"a": ("a", 0, 7), "b": ("b", 0, 9)},
     )
     stage.states.put(b"cid", state, 0)
     entry = stage.states.entry(b"cid")
@@ -173,6 +174,10 @@ def test_inner_join_expiry_dead_letters_every_branch_that_arrived_with_its_own_h
     letters = [r for r in out if r.dead_letter]
     assert [(r.value, dict(r.headers)["h"]) for r in letters] == [(b"A", b"from-a"), (b"B", b"from-b")]
     assert all("missing c" in read_dead_letter(r.headers).reason for r in letters)
+    sources = [read_source(list(r.headers)) for r in letters]
+    assert [(s.topic, s.partition, s.offset) for s in sources if s is not None] == [("a", 0, 7), ("b", 0, 9)], (
+        "each names where its branch record was read: replayable, and accounted for"
+    )
     marker = stage.states.get(b"cid")
     assert marker is not None and marker.done and marker.branches == {}
     assert marker.digests == {"a": "da", "b": "db"}, "kept: a late replay is told from a reused id"

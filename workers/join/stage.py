@@ -84,6 +84,9 @@ class JoinState:
     replay (dropped, counted) is told from a reused correlation ID (dead-lettered)."""
     opened_ms: int = field(default_factory=now_ms)
     """When the join first held it (wall clock): ``max_wait`` counts from here."""
+    positions: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Where each branch record was read (topic, partition, offset): an expired window's
+    dead letters name them, as every dead letter of a consumed record does."""
 
 
 class JoinStateCodec:
@@ -100,6 +103,7 @@ class JoinStateCodec:
             "branch_headers": {b: [[k, pack_bytes(v)] for k, v in hs] for b, hs in state.branch_headers.items()},
             "digests": state.digests,
             "opened_ms": state.opened_ms,
+            "positions": {b: list(p) for b, p in state.positions.items()},
         }
 
     def from_dict(self, data: dict[str, Any], version: int) -> JoinState:
@@ -114,6 +118,7 @@ class JoinStateCodec:
             },
             digests={str(b): str(d) for b, d in data.get("digests", {}).items()},
             opened_ms=int(data.get("opened_ms", now_ms())),  # older states: from their restore
+            positions={str(b): (str(t), int(p), int(o)) for b, (t, p, o) in data.get("positions", {}).items()},
         )
 
 
@@ -209,6 +214,7 @@ class JoinStage(StatefulStage):
         state.branches[branch] = value
         state.branch_headers[branch] = list(record.headers or ())
         state.digests[branch] = payload_digest(value)
+        state.positions[branch] = (record.topic, record.partition, record.offset)
         complete = len(state.branches) == len(self.node.branches)
         if self.node.mode == "any" or complete:
             if (trace := record_trace(slot)) is not None:  # the output continues this branch's trace
@@ -248,6 +254,7 @@ class JoinStage(StatefulStage):
         state.done = True
         state.branches = {}
         state.branch_headers = {}
+        state.positions = {}
         return self.states.put(key, state, partition, ttl_s=self.retention_s)
 
     def _merged(self, key: bytes, state: JoinState, *, status: str | None = None) -> OutRecord:
@@ -328,12 +335,14 @@ class JoinStage(StatefulStage):
             self.upstream.poll(self._consumer, self._owned)
         judged: dict[tuple[str, int], Judged] = {}  # one look per branch partition and sweep
         out: list[OutRecord] = []
+        explained: set[tuple[str, int]] = set()
         for entry in self.states:
             if entry.state.done:
                 continue
             rules = self._rules(entry, judged)
             if rules is not None:
                 log.info("%s: join %r expired: %s", self.io.stage, entry.key, rules)
+                self._explain(rules, entry.partition, explained)
                 out += self._expire(entry, rules)
         for entry in self.states.due():
             if entry.state.done:
@@ -343,6 +352,14 @@ class JoinStage(StatefulStage):
         if out:
             await self.produce_all_unowned(out)  # all enqueued first: one round trip, not one per join
         self.metrics.state_keys.labels(self.io.stage).set(len(self.states))
+
+    def _explain(self, rules: dict[str, Rule], partition: int, explained: set[tuple[str, int]]) -> None:
+        """Once per sweep and missing branch partition: the offsets the expiry was decided on."""
+        for branch in rules:
+            if (branch, partition) not in explained:
+                explained.add((branch, partition))
+                tp = TopicPartition(self._topic_of[branch], partition)
+                log.info("%s: %s expired on %s; upstream: %s", self.io.stage, branch, self.clock.explain(tp), self.progress.evidence(partition))
 
     def _evict(self, entry: StateEntry[JoinState]) -> list[OutRecord]:
         """End a join now and delete it: what arrived is expired as if its window closed."""
@@ -377,6 +394,8 @@ class JoinStage(StatefulStage):
                     headers=state.branch_headers.get(branch, state.headers),
                     error_class=ErrorClass.DEADLINE_EXCEEDED,
                     reason=reason,
+                    request_timestamp_ms=state.first_ms,
+                    source=state.positions.get(branch),
                 )
                 for branch, value in state.branches.items()
             ]

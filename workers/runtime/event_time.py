@@ -139,6 +139,13 @@ class EventTimeClock:
         """Whether ``tp`` counts as "now": read to its end, its writers caught up or gone."""
         return not self._behind(tp, now_ms())
 
+    def explain(self, tp: TopicPartition) -> str:
+        """The partition as the clock sees it (logged when a window closes on it)."""
+        return (
+            f"{tp.topic}[{tp.partition}]: last read {self._last_offset.get(tp)}, start {self._start.get(tp)}, "
+            f"end {self.highwater(tp)}, event time {self._event_time.get(tp)}"
+        )
+
     def _mark(self, tp: TopicPartition, now: int) -> int:
         if self.upstream_behind is not None and self.upstream_behind(tp):
             return self._event_time.get(tp, 0) - int(self.late_grace_ms)
@@ -179,7 +186,10 @@ async def reading_starts(consumer: AIOKafkaConsumer | None, partitions: list[Top
     """Where a group's reading of ``partitions`` begins: its committed offsets, or the
     partition's beginning where it never committed (the consumers reset to the earliest).
     Unknown (no consumer, the broker not answering): left out, and the clock counts from 0."""
-    if consumer is None or not partitions:
+    if not partitions:
+        return {}
+    if consumer is None:
+        log.warning("where reading starts on %s is unknown (no consumer yet): their ends count from offset 0", partitions)
         return {}
     try:
         starts: dict[TopicPartition, int] = {}

@@ -39,7 +39,12 @@ async def open_clients(
     fence: StageFence,
     listener: ConsumerRebalanceListener,
 ) -> StageClients:
-    """Start the producer, subscribe and start the consumer (``listener`` sees rebalances)."""
+    """Start the producer and subscribe the consumer (``listener`` sees rebalances); the
+    caller starts the consumer once it holds it. aiokafka's ``start()`` of a subscribed
+    consumer waits for the first assignment, so the listener's ``restore`` runs inside it:
+    a stage that stored its consumer only after the start restored without one (no reading
+    starts: a join took an unread branch partition as read, and expired 3,307 windows of a
+    backlog, CI of 2026-11-27)."""
     await detect_idempotence(kafka)  # idempotent producers wherever the broker serves them
     producer = make_producer(kafka, limits=io.limits)
     await producer.start()
@@ -62,5 +67,4 @@ async def open_clients(
         batch_sends=kafka.batch_sends,
     )  # fmt: skip
     consumer.subscribe(io.input_topics, listener=listener)
-    await consumer.start()
     return StageClients(producer, consumer, outbox)

@@ -209,6 +209,7 @@ class StreamStage(abc.ABC):
         await self.setup()
         clients = await open_clients(self.io, self.kafka, self.metrics, self.outcomes, self.fence, _Rebalance(self))
         self._producer, self._consumer, self._outbox = clients.producer, clients.consumer, clients.outbox
+        await self._consumer.start()  # waits for the first assignment: restore() sees the consumer
         self.ready = True
 
     async def run(self, stop: asyncio.Event) -> None:
