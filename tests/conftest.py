@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,11 +161,30 @@ def cli_env(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> d
     return env
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controlling process (not a pytest-xdist worker): one fresh file for the fault
+    figures of every test process (tests/helpers/figures.py); workers inherit its name."""
+    from tests.helpers.figures import FIGURES_FILE
+
+    if not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="fault-figures-", suffix=".txt")
+        os.close(fd)
+        os.environ[FIGURES_FILE] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.helpers.figures import FIGURES_FILE
+
+    if not hasattr(config, "workerinput") and (path := os.environ.pop(FIGURES_FILE, None)):
+        Path(path).unlink(missing_ok=True)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print every fault scenario's figures (tests/helpers/figures.py) at the end of the run."""
-    from tests.helpers.figures import REPORTED
+    from tests.helpers.figures import reported_lines
 
-    if REPORTED:
+    lines = reported_lines()
+    if lines:
         terminalreporter.section("fault figures")
-        for figures in REPORTED:
-            terminalreporter.write_line(figures.line())
+        for line in lines:
+            terminalreporter.write_line(line)

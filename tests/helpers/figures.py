@@ -4,12 +4,19 @@ A fault test compares a faulted run with a fault-free one; what it found (record
 results, duplicates and whether each is exact, dead letters, records lost, time to
 recover) is worth reading on every CI run, not only when the test fails. pytest captures
 a passing test's output, so tests hand their figures to :func:`report` and
-``tests/conftest.py`` prints them all in a "fault figures" section at the end.
+``tests/conftest.py`` prints them all in a "fault figures" section at the end. The suite
+runs in two processes (pytest-xdist): each appends its lines to the file named by
+``FIGURES_FILE`` (set by the controlling process), which the summary reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
+
+FIGURES_FILE = "PIPELINE_TEST_FIGURES"
+"""Environment variable: the file every test process appends its figures' lines to."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,3 +52,15 @@ def report(figures: FaultFigures) -> None:
     """Keep ``figures`` for the run's summary (and print them for ``pytest -s``)."""
     REPORTED.append(figures)
     print(f"\n{figures.line()}")
+    if path := os.environ.get(FIGURES_FILE):
+        with Path(path).open("a", encoding="utf-8") as out:
+            out.write(figures.line() + "\n")
+
+
+def reported_lines() -> list[str]:
+    """Every process's figures, in the order they were reported (this process's alone
+    when no file is shared)."""
+    path = os.environ.get(FIGURES_FILE)
+    if path and Path(path).exists():
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    return [figures.line() for figures in REPORTED]
