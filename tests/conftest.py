@@ -163,20 +163,39 @@ def cli_env(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> d
 
 def pytest_configure(config: pytest.Config) -> None:
     """In the controlling process (not a pytest-xdist worker): one fresh file for the fault
-    figures of every test process (tests/helpers/figures.py); workers inherit its name."""
+    figures of every test process (tests/helpers/figures.py) and, when the suite runs in
+    several processes, a directory for the lock of exclusive tests (tests/helpers/exclusive.py);
+    workers inherit both names."""
+    from tests.helpers.exclusive import LOCK_DIR
     from tests.helpers.figures import FIGURES_FILE
 
     if not hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="fault-figures-", suffix=".txt")
         os.close(fd)
         os.environ[FIGURES_FILE] = path
+        if getattr(config.option, "numprocesses", None):
+            os.environ[LOCK_DIR] = tempfile.mkdtemp(prefix="test-locks-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.helpers.exclusive import LOCK_DIR
     from tests.helpers.figures import FIGURES_FILE
 
-    if not hasattr(config, "workerinput") and (path := os.environ.pop(FIGURES_FILE, None)):
-        Path(path).unlink(missing_ok=True)
+    if not hasattr(config, "workerinput"):
+        if path := os.environ.pop(FIGURES_FILE, None):
+            Path(path).unlink(missing_ok=True)
+        if directory := os.environ.pop(LOCK_DIR, None):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test marked ``exclusive`` runs with no other test beside it (its setup and teardown
+    included: module fixtures start and stop stacks there); see tests/helpers/exclusive.py."""
+    from tests.helpers.exclusive import suite_lock
+
+    with suite_lock(exclusive=item.get_closest_marker("exclusive") is not None):
+        yield
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -56,7 +56,7 @@ from tests.helpers.streams import DALI_STAGE, SEQUENCE_STAGE, interleave
 from tests.helpers.supervisor import Supervisor
 from tests.helpers.topology_process import TopologyFiles, collect_outputs, write_topology
 
-pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures time: alone
 
 DOWN_S = 3.0
 """How long the killed broker stays down before it is started again."""

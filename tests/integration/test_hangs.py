@@ -33,7 +33,7 @@ from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import Collected, header, produce
 from tests.helpers.own_triton import OwnTriton
 
-pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures time: alone
 
 CALL_TIMEOUT_S = 1.0
 STALL_AFTER_S = 2.0

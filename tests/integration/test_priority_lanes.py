@@ -30,7 +30,7 @@ from tests.helpers.figures import FaultFigures, report
 from tests.helpers.kafka_io import collect, produce
 from tests.helpers.topology_process import TopologyFiles, pipeline_process, write_topology
 
-pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures time: alone
 
 BACKLOG = 50_000
 HIGH = 200

@@ -26,7 +26,7 @@ from tests.helpers.figures import FaultFigures, report
 from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.topology_process import collect_outputs, pipeline_process, write_topology
 
-pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures time: alone
 
 Rec = ConsumerRecord[bytes, bytes]
 

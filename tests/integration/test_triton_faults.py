@@ -236,6 +236,7 @@ def _sigterm_all(workers: Sequence[PipelineProcess], timeout: float) -> list[tup
     return [exits.get(i, (None, timeout)) for i in range(len(workers))]
 
 
+@pytest.mark.exclusive  # measures its exit against the drain bound
 def test_sigterm_during_a_triton_outage_exits_in_bound_and_loses_nothing(campaign: Campaign) -> None:
     runs = campaign.start(ALL, seconds=8, drain_timeout_s=DRAIN_TIMEOUT_S)
     campaign.triton.process.kill()

@@ -46,7 +46,7 @@ from tests.helpers.streams import DALI_STAGE, SEQUENCE_STAGE
 from tests.helpers.topology_process import PipelineProcess, TopologyFiles, collect_outputs, write_topology
 from workers.sequence.state import StreamState, StreamStateCodec
 
-pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures time: alone
 
 SESSION_MS = 3000
 """The group session here (default 10 s): the zombie's partitions move 3 s into the freeze."""
