@@ -47,6 +47,20 @@ class KafkaSettings(BaseSettings):
     dead_letter_max_bytes: int = Field(default=1 << 20, gt=0)
     """A dead letter whose record would be larger is written as a claim check (payload in
     the S3 store): dead-letter topics stay readable by clients with default fetch sizes."""
+    group_instance_id: str | None = None
+    """Static group membership (KIP-345): this process's stable name in every stage's consumer
+    group (a StatefulSet pod's name; ``pipeline run --processes N`` appends each child's
+    index). A worker restarted under the same name within the session timeout gets its
+    partitions back without a rebalance; one that does not come back (a scale-down) keeps
+    them until the session timeout, since a static member does not leave its group on a stop.
+    Unset: dynamic membership, every start and stop rebalances."""
+
+    def for_process(self, index: int, count: int) -> KafkaSettings:
+        """The settings of process ``index`` of ``count`` under a supervisor: each child its
+        own static name (``<name>-<index>``), the same one after each restart."""
+        if self.group_instance_id is None or count <= 1:
+            return self
+        return self.model_copy(update={"group_instance_id": f"{self.group_instance_id}-{index}"})
 
     @property
     def configured(self) -> bool:
@@ -197,6 +211,8 @@ class Endpoints(BaseSettings):
         env: dict[str, str] = {}
         if self.kafka.bootstrap_servers:
             env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka.bootstrap_servers
+        if self.kafka.group_instance_id:
+            env["PIPELINE_KAFKA_GROUP_INSTANCE_ID"] = self.kafka.group_instance_id
         env.update(self.kafka.security_environment())
         if self.triton.grpc_url:
             env["PIPELINE_TRITON_GRPC_URL"] = self.triton.grpc_url

@@ -35,6 +35,7 @@ PROPERTIES: dict[str, str] = dict(
         ("ssl.certificate.location", "ssl_certfile"),
         ("ssl.key.location", "ssl_keyfile"),
         ("client.id", "client_id"),
+        ("group.instance.id", "group_instance_id"),
     ]
 )
 #: Known names whose value needs translating or that have no equivalent here: why, in one line.

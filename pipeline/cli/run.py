@@ -168,6 +168,7 @@ def _serve(
         summary = StartupSummary.of(topology, ios, endpoints, url, process=index + 1, processes=count)
         say.summary(summary, full=index == 0)
 
+    endpoints = endpoints.model_copy(update={"kafka": endpoints.kafka.for_process(index, count)})
     run_on_event_loop(run_topology(
         topology, endpoints, only_stages=stage, http_port=port, http_host=health_host, on_ready=ready
     ), loop)

@@ -171,3 +171,25 @@ def test_s3_ca_bundle_prefers_its_own_file(monkeypatch: pytest.MonkeyPatch, ca_f
     settings = S3Settings(endpoint="https://s3:9000")
     assert settings.ca_bundle() == str(ca_file)
     assert Endpoints(s3=settings).environment()["PIPELINE_S3_CA_FILE"] == str(ca_file)
+
+
+def test_static_membership_names_each_supervised_child_and_reaches_the_stage_consumer(clean_env: pytest.MonkeyPatch) -> None:
+    """KIP-345: one stable name per process, ``<name>-<index>`` under ``--processes N``, the
+    same after each restart; the stage's consumer joins with it, tools never do."""
+    from pipeline.cli.kafka_props import property_fields
+
+    assert property_fields([("group.instance.id", "pod-3")]) == {"group_instance_id": "pod-3"}
+    clean_env.setenv("PIPELINE_KAFKA_BOOTSTRAP_SERVERS", "b:9092")
+    clean_env.setenv("PIPELINE_KAFKA_GROUP_INSTANCE_ID", "pod-3")
+    settings = KafkaSettings()
+    assert settings.for_process(0, 1).group_instance_id == "pod-3", "one process: the name as given"
+    assert [settings.for_process(i, 2).group_instance_id for i in (0, 1)] == ["pod-3-0", "pod-3-1"]
+    assert Endpoints(kafka=settings).environment()["PIPELINE_KAFKA_GROUP_INSTANCE_ID"] == "pod-3", (
+        "the supervisor's children inherit the name and add their index"
+    )
+    async def tool_instance() -> object:
+        return make_consumer(settings, group_id="a-tool")._group_instance_id
+
+    assert asyncio.run(tool_instance()) is None, "a tool's consumer stays dynamic"
+    clean_env.delenv("PIPELINE_KAFKA_GROUP_INSTANCE_ID")
+    assert KafkaSettings().for_process(1, 2).group_instance_id is None, "unset: dynamic"

@@ -52,6 +52,8 @@ async def open_clients(
     if io.more_input_topics:
         # Range gives a worker the same partition numbers of every topic (co-partitioning).
         extra["partition_assignment_strategy"] = (RangePartitionAssignor,)
+    if kafka.group_instance_id:
+        extra["group_instance_id"] = kafka.group_instance_id  # static membership (KIP-345)
     consumer = make_consumer(kafka, group_id=io.group_id, limits=io.limits, **extra)
     oversize = OversizeOutputs(
         stage=io.stage,
