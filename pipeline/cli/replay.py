@@ -65,6 +65,14 @@ def replay(
     ] = 3,
     rate: Annotated[float, typer.Option("--rate", min=0.0, help="Records per second; 0 = as fast as possible.")] = 0.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be sent; send nothing.")] = False,
+    replay_answered: Annotated[
+        bool,
+        typer.Option(
+            "--replay-answered",
+            help="Also replay dead letters whose correlation id already has a result (default: refused, "
+            "so no request is answered twice; the result topic is read first).",
+        ),
+    ] = False,
     group: Annotated[
         str | None,
         typer.Option(
@@ -79,7 +87,7 @@ def replay(
     Reads the dead-letter topic up to its end at the start (not following). Each
     record sent keeps its original key, value and headers, loses the dead-letter
     headers and gets replay-count one higher; records past --max-replays are refused
-    (listed, not sent). Claim-check payloads are fetched from the S3 store and checked.
+    (listed, not sent), as are those whose correlation id already has a result. Claim-check payloads are fetched from the S3 store and checked.
     Prints a summary; exit status 1 if any replay failed.
     """
     from pipeline.tools.replay import ReplayOptions
@@ -99,7 +107,10 @@ def replay(
         max_replays=max_replays,
         to_topic=to,
     )
-    options = ReplayOptions(rules=rules, dry_run=dry_run, rate=rate, limit=limit, group=group)
+    options = ReplayOptions(
+        rules=rules, dry_run=dry_run, rate=rate, limit=limit, group=group,
+        result_topic=None if replay_answered else target.topology.result_topic,
+    )  # fmt: skip
     report = asyncio.run(_run(target, options))
     _print(report, dry_run=dry_run)
     if report.interrupted:
@@ -181,6 +192,7 @@ def _print(report: ReplayReport, *, dry_run: bool) -> None:
     print(
         f"{report.topic}: read {report.read}, selected {report.selected}, {sent}, "
         f"refused by max count {report.refused}, failed {report.failed}"
+        + (f", already answered {report.answered}" if report.answered else "")
     )
     if report.committed:
         positions = ", ".join(f"{p}@{o}" for p, o in sorted(report.committed.items()))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -52,6 +52,7 @@ class Outcome(TextEnum):
     WOULD_SEND = "would send"  # --dry-run
     SENT = "sent"
     REFUSED = "refused"
+    ANSWERED = "already answered"
     FAILED = "failed"
 
 
@@ -65,6 +66,9 @@ class ReplayOptions:
     """Stop after this many selected dead letters."""
     group: str | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    result_topic: str | None = None
+    """Read to its end first: dead letters whose key has a result there are refused
+    (``ReplayRules.answered``). None: nothing is checked (``--replay-answered``)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Row:
 @dataclass
 class ReplayReport:
     """Counts of one run: ``read`` = not selected + ``selected``; ``selected`` = sent
-    (or would send) + refused + failed. ``rows``: every selected record in a dry run,
+    (or would send) + refused + answered + failed. ``rows``: every selected record in a dry run,
     else the refused and failed ones."""
 
     topic: str
@@ -96,13 +100,16 @@ class ReplayReport:
     sent: int = 0
     would_send: int = 0
     refused: int = 0
+    answered: int = 0
     failed: int = 0
     interrupted: bool = False
     rows: list[Row] = field(default_factory=list)
     committed: dict[int, int] = field(default_factory=dict)
 
     def add(self, row: Row, *, keep: bool) -> None:
-        counter = {Outcome.SENT: "sent", Outcome.WOULD_SEND: "would_send", Outcome.REFUSED: "refused"}
+        counter = {
+            Outcome.SENT: "sent", Outcome.WOULD_SEND: "would_send", Outcome.REFUSED: "refused", Outcome.ANSWERED: "answered"
+        }  # fmt: skip
         name = counter.get(row.outcome, "failed")
         setattr(self, name, getattr(self, name) + 1)
         if keep:
@@ -153,6 +160,9 @@ class _Replayer:
         self._pending: set[asyncio.Future[object]] = set()
 
     async def run(self, stop: asyncio.Event | None) -> ReplayReport:
+        if self.options.result_topic is not None:
+            answered = await answered_keys(self.settings, self.options.result_topic, self.limits, stop)
+            self.options = replace(self.options, rules=replace(self.options.rules, answered=answered))
         consumer = make_consumer(self.settings, group_id=self.options.group, limits=self.limits)
         await start_client(consumer, self.settings, self.options.connect_timeout_s)
         try:
@@ -227,6 +237,8 @@ class _Replayer:
         dry = self.options.dry_run
         if plan.verdict is Verdict.REFUSED:
             self.report.add(_row(letter, plan, Outcome.REFUSED), keep=True)
+        elif plan.verdict is Verdict.ANSWERED:
+            self.report.add(_row(letter, plan, Outcome.ANSWERED), keep=True)
         elif plan.verdict is Verdict.NO_TARGET:
             self._failed(tp, letter, _row(letter, plan, Outcome.FAILED))
         elif dry:
@@ -296,6 +308,30 @@ class _Replayer:
     def _progress(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.report)
+
+
+async def answered_keys(
+    settings: KafkaSettings, topic: str, limits: RecordLimits, stop: asyncio.Event | None = None
+) -> frozenset[bytes]:
+    """The keys (correlation ids) of every result on ``topic`` now (none if it does not
+    exist). Held in memory: one entry per answered request the topic still retains."""
+    consumer = make_consumer(settings, group_id=None, limits=limits)
+    await start_client(consumer, settings, CONNECT_TIMEOUT_S)
+    keys: set[bytes] = set()
+    try:
+        await consumer.topics()
+        numbers = consumer.partitions_for_topic(topic)
+        if not numbers:
+            return frozenset()
+        partitions = [TopicPartition(topic, p) for p in sorted(numbers)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        reader = await ReadToEnd.now(consumer, partitions)
+        async for tp, records in reader.batches(stop=stop):
+            keys.update(r.key for r in records if r.key is not None and r.offset < reader.ends[tp])
+    finally:
+        await consumer.stop()
+    return frozenset(keys)
 
 
 async def replay(

@@ -4,7 +4,11 @@ A dead letter is read once (:class:`Letter`), then judged by :class:`ReplayRules
 
 * **not selected**: a filter (error class, stage, key, time range) leaves it out;
 * **refused**: it has already been replayed ``max_replays`` times (its
-  ``replay-count`` header), so a record that always fails stops going round;
+  ``replay-count`` header), so a record that always fails stops going round; or its
+  correlation id already has a result on the topology's result topic (``answered``):
+  under at-least-once a worker that replays records after a crash can dead-letter one
+  whose result was already out (its deadline passed meanwhile), and replaying that
+  dead letter would answer the request twice;
 * **no target**: neither ``--to`` nor its ``source-topic`` header says where to send it
   (join expiries and ``result-too-large`` claim checks have no source);
 * **send**: to ``--to``, else back to the topic it was consumed from.
@@ -147,6 +151,7 @@ class Verdict(TextEnum):
 
     NOT_SELECTED = "not-selected"
     REFUSED = "refused"
+    ANSWERED = "answered"
     NO_TARGET = "no-target"
     SEND = "send"
 
@@ -165,6 +170,10 @@ class ReplayRules:
     filter: ReplayFilter = field(default_factory=ReplayFilter)
     max_replays: int = DEFAULT_MAX_REPLAYS
     to_topic: str | None = None
+    answered: frozenset[bytes] = frozenset()
+    """Correlation ids (record keys) that already have a result: their dead letters are
+    refused, so a replay never gives a request a second, different outcome (a deadline
+    judged on a worker's replay after its first result was out, issue 26)."""
 
     def plan(self, letter: Letter, *, replay_count: int | None = None, source: SourcePosition | None = None) -> Plan:
         """The verdict for ``letter``. ``replay_count`` and ``source`` override what its
@@ -176,6 +185,8 @@ class ReplayRules:
         target = self.to_topic or (where.topic if where is not None else None)
         if count >= self.max_replays:
             return Plan(Verdict.REFUSED, target, f"replayed {count} time(s) already (--max-replays {self.max_replays})")
+        if letter.key is not None and letter.key in self.answered:
+            return Plan(Verdict.ANSWERED, target, "its correlation id has a result (--replay-answered sends it)")
         if target is None:
             return Plan(Verdict.NO_TARGET, None, "no source-topic header: say where with --to TOPIC")
         return Plan(Verdict.SEND, target)

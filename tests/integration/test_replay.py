@@ -65,7 +65,7 @@ def _replay(env: dict[str, str], topo: TopologyFiles, *args: str) -> str:
 def _summary(stdout: str) -> dict[str, int]:
     """The counts of the summary line: read, selected, sent / would send, refused, failed."""
     line = next(line for line in stdout.splitlines() if ": read " in line)
-    found = re.findall(r"(read|selected|sent|would send|refused by max count|failed) (\d+)", line)
+    found = re.findall(r"(read|selected|sent|would send|refused by max count|failed|already answered) (\d+)", line)
     return {name: int(n) for name, n in found}
 
 
@@ -113,6 +113,15 @@ def test_wrong_model_dead_letters_are_replayed_after_the_fix_and_each_gets_its_r
         assert response.correlation_id == cid
         np.testing.assert_allclose(response.outputs["logits"], mlp_reference(features[i : i + 1]), rtol=1e-4, atol=1e-5)
     assert len(out.on(topo.dead_letter_topic)) == 6, "nothing dead-lettered again"
+
+    # Issue 26: each of these requests has its result now; replaying the dead letters again
+    # would answer them twice, so they are listed as answered and nothing is sent.
+    again = _replay(cli_env, topo)
+    assert _summary(again) == {
+        "read": 6, "selected": 6, "sent": 0, "refused by max count": 0, "failed": 0, "already answered": 6
+    }, again
+    assert _records_on(kafka_bootstrap, topo.input_topic, 12) == 12, "the 6 requests and their one replay each, no more"
+    assert _summary(_replay(cli_env, topo, "--dry-run", "--replay-answered"))["would send"] == 6, "unless asked to"
 
 
 def test_a_record_that_always_fails_stops_at_max_replays(

@@ -147,6 +147,16 @@ def test_records_replayed_max_times_are_refused() -> None:
     assert ReplayRules(max_replays=2).plan(_letter(_dead()), replay_count=2).verdict is Verdict.REFUSED
 
 
+def test_a_dead_letter_whose_request_already_has_a_result_is_refused() -> None:
+    """Issue 26: a worker replaying after a crash dead-lettered requests (deadline passed)
+    whose results were already out; replaying those would answer them a second time."""
+    answered = ReplayRules(answered=frozenset({b"c-1"}))
+    refused = answered.plan(_letter(_dead()))
+    assert refused.verdict is Verdict.ANSWERED and "has a result" in refused.detail
+    assert answered.plan(_letter(_dead(), key=b"c-2")).verdict is Verdict.SEND, "another request: sent"
+    assert answered.plan(_letter(_dead(), key=None)).verdict is Verdict.SEND, "no key: nothing to match"
+
+
 # ------------------------------------------------------------------ headers
 
 
