@@ -118,6 +118,7 @@ def run(
     log_format: str = typer.Option("text", "--log-format", help="text, or json: one JSON object per line."),
     process_index: int = typer.Option(0, "--process-index", hidden=True),
     process_count: int = typer.Option(1, "--process-count", hidden=True),
+    standby: bool = typer.Option(False, "--standby", hidden=True),
 ) -> None:
     """Run a topology: consume its request topic, infer through Triton, produce results.
 
@@ -131,6 +132,11 @@ def run(
     loop = chosen_event_loop()
     topology = load_topology(topology_file)
     require_for_topology(topology, stage)  # a missing extra (DALI) fails before the stack starts
+    if standby:  # a supervisor's warm spare: imported and loaded, it waits to be told who it is
+        index = _activation()
+        if index is None:
+            return
+        process_index, http_port = index, (http_port + index if http_port else http_port)
     endpoints, stack = endpoints_for(topology, say)
     _say_endpoints(endpoints, say)
     port = health_port(topology, http_port)  # --http-port, else the topology's, else DEFAULT_PORT
@@ -174,6 +180,12 @@ def _serve(
     ), loop)
 
 
+def _activation() -> int | None:
+    """The process index a supervisor gives its standby on stdin; None at EOF (not needed)."""
+    line = sys.stdin.readline()
+    return int(line) if line.strip() else None
+
+
 def _supervise(
     topology_file: Path,
     topology: Topology,
@@ -202,5 +214,8 @@ def _supervise(
     say.say(f"supervisor (pid {os.getpid()}): {count} processes of topology {topology.name}, health/metrics on {ports}")
     # Children talk to exactly what this process resolved (an embedded stack included).
     env = {**os.environ, **endpoints.environment()}
-    supervisor = Supervisor(argv, count, env=env, stop_timeout_s=topology.drain_timeout_s + _SUPERVISOR_MARGIN_S)
+    supervisor = Supervisor(
+        argv, count, env=env, stop_timeout_s=topology.drain_timeout_s + _SUPERVISOR_MARGIN_S,
+        standby_argv=[*argv(0), "--standby"],
+    )  # fmt: skip
     return run_on_event_loop(supervisor.run(), loop)

@@ -194,15 +194,16 @@ class PipelineProcess:
         return self.proc.pid
 
     def children(self) -> dict[int, int]:
-        """``--processes N``: the supervisor's live children, health port -> pid."""
+        """``--processes N``: the supervisor's children that serve, health port -> pid. The
+        port is the one each listens on (its command line may not say: the warm standby
+        learns its index, and so its port, only when it replaces a crashed child); the
+        standby, not listening yet, and a zombie, with no sockets, are left out."""
+        listening = _listening_ports()
         found = {}
         for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split():
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-            except OSError:  # exited meanwhile
-                continue
-            if "--http-port" in argv:  # not a zombie (empty cmdline)
-                found[int(argv[argv.index("--http-port") + 1])] = int(pid)
+            ports = [listening[inode] for inode in _socket_inodes(int(pid)) if inode in listening]
+            if ports:
+                found[min(ports)] = int(pid)
         return found
 
     def rss_bytes(self) -> int:
@@ -251,3 +252,34 @@ def collect_outputs(
 def distinct_keys(n: int) -> Callable[[list[ConsumerRecord[bytes, bytes]]], bool]:
     """``done`` for :func:`collect_outputs`: ``n`` different keys seen (a replay repeats some)."""
     return lambda records: len({r.key for r in records}) >= n
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets ``pid`` holds open (none once it exited)."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:  # exited meanwhile
+        pass
+    return inodes
+
+
+def _listening_ports() -> dict[int, int]:
+    """Socket inode -> port, for every TCP socket listening on this host (``/proc/net/tcp*``)."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                found[int(fields[9])] = int(fields[1].rsplit(":", 1)[1], 16)
+    return found

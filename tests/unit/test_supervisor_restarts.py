@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 from pipeline.runtime.supervisor import RestartPolicy, Supervisor
 
@@ -46,3 +47,48 @@ def test_stop_forwards_sigterm_and_waits_for_the_children() -> None:
         return await asyncio.wait_for(running, 10)
 
     assert asyncio.run(scenario()) == 0
+
+
+_STANDBY_CHILD = """
+import os, signal, sys, time
+log = sys.argv[1]
+if sys.argv[2] == "standby":
+    line = sys.stdin.readline()  # as `pipeline run --standby`: told its index, or EOF
+    if not line.strip():
+        open(log, "a").write(f"standby-eof {os.getpid()}\\n")
+        sys.exit(0)
+    role, index = "standby", int(line)
+else:
+    role, index = "fresh", int(sys.argv[2])
+open(log, "a").write(f"{role} {index} {os.getpid()}\\n")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+if index == 1 and not os.path.exists(log + ".crashed"):
+    time.sleep(1.5)  # long enough for the standby to be up
+    open(log + ".crashed", "w").close()
+    os._exit(3)
+time.sleep(30)
+"""
+
+
+def test_a_crashed_child_is_replaced_by_the_warm_standby_and_a_new_one_waits_behind_it(tmp_path: Path) -> None:
+    log = tmp_path / "children.log"
+    supervisor = Supervisor(
+        lambda i: _python(_STANDBY_CHILD) + [str(log), str(i)], 2,
+        policy=RestartPolicy(initial_delay_s=0.01), standby_argv=_python(_STANDBY_CHILD) + [str(log), "standby"],
+    )  # fmt: skip
+
+    async def scenario() -> int:
+        running = asyncio.create_task(supervisor.run())
+        for _ in range(200):
+            if log.exists() and "standby 1 " in log.read_text():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the standby behind it starts
+        supervisor.stop()
+        return await running
+
+    assert asyncio.run(scenario()) == 0
+    roles = [line.split()[:-1] for line in log.read_text().splitlines()]  # without the pid
+    assert sorted(r for r in roles if r[0] == "fresh") == [["fresh", "0"], ["fresh", "1"]], roles
+    assert ["standby", "1"] in roles, "the crashed child 2 was replaced by the standby, not a fresh start"
+    assert roles[-1] == ["standby-eof"], "the standby behind it exited on the stop, serving nothing"
