@@ -10,6 +10,7 @@ injected clock (milliseconds, no sleeping).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -316,3 +317,18 @@ def test_pipeline_top_shows_a_joins_branches_worst_state_over_its_processes() ->
         book.add(parse_snapshot(json.dumps(payload).encode()))
     [row] = [line for line in plain_lines(book.frame(1_000_500)) if line.startswith("join-result")]
     assert row.startswith("join-result [classify caught-up, score behind]")
+
+
+def test_an_expiry_logs_the_offsets_it_was_decided_on_once_per_branch_partition(caplog: pytest.LogCaptureFixture) -> None:
+    """How the backlog failure of 2026-11-27 was found ('start None'): each sweep that closes
+    windows says, per missing branch partition, what the clock and the upstream poll saw."""
+    from workers.join.stage import explain_expiry
+
+    stage = _join()
+    explained: set[tuple[str, int]] = set()
+    with caplog.at_level(logging.INFO, logger="workers.join.stage"):
+        for _ in range(3):  # three windows of one partition in one sweep
+            explain_expiry(stage, {"score": "caught-up"}, 0, explained)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "score expired on" in lines[0] and "last read None, start None" in lines[0], lines
+    assert "upstream: no poll yet" in lines[0]

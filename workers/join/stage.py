@@ -342,7 +342,7 @@ class JoinStage(StatefulStage):
             rules = self._rules(entry, judged)
             if rules is not None:
                 log.info("%s: join %r expired: %s", self.io.stage, entry.key, rules)
-                self._explain(rules, entry.partition, explained)
+                explain_expiry(self, rules, entry.partition, explained)
                 out += self._expire(entry, rules)
         for entry in self.states.due():
             if entry.state.done:
@@ -352,14 +352,6 @@ class JoinStage(StatefulStage):
         if out:
             await self.produce_all_unowned(out)  # all enqueued first: one round trip, not one per join
         self.metrics.state_keys.labels(self.io.stage).set(len(self.states))
-
-    def _explain(self, rules: dict[str, Rule], partition: int, explained: set[tuple[str, int]]) -> None:
-        """Once per sweep and missing branch partition: the offsets the expiry was decided on."""
-        for branch in rules:
-            if (branch, partition) not in explained:
-                explained.add((branch, partition))
-                tp = TopicPartition(self._topic_of[branch], partition)
-                log.info("%s: %s expired on %s; upstream: %s", self.io.stage, branch, self.clock.explain(tp), self.progress.evidence(partition))
 
     def _evict(self, entry: StateEntry[JoinState]) -> list[OutRecord]:
         """End a join now and delete it: what arrived is expired as if its window closed."""
@@ -400,6 +392,16 @@ class JoinStage(StatefulStage):
                 for branch, value in state.branches.items()
             ]
         return [*out, self._retire(key, state, entry.partition)]
+
+
+def explain_expiry(stage: JoinStage, rules: dict[str, Rule], partition: int, explained: set[tuple[str, int]]) -> None:
+    """Once per sweep and missing branch partition: the offsets the expiry was decided on."""
+    for branch in rules:
+        if (branch, partition) not in explained:
+            explained.add((branch, partition))
+            tp = TopicPartition(stage._topic_of[branch], partition)
+            evidence = stage.progress.evidence(partition)
+            log.info("%s: %s expired on %s; upstream: %s", stage.io.stage, branch, stage.clock.explain(tp), evidence)
 
 
 def tensor_union(requests: list[InferenceRequest]) -> tuple[dict[str, np.ndarray], dict[str, str]]:

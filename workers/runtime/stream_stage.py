@@ -88,9 +88,7 @@ class StreamStage(abc.ABC):
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
-        self._flow = FlowControl(
-            io.stage, metrics, max_pending=io.max_pending, max_pending_bytes=io.max_pending_bytes
-        )
+        self._flow = FlowControl(io.stage, metrics, max_pending=io.max_pending, max_pending_bytes=io.max_pending_bytes)
         self.lag = ConsumerLag(io.stage, io.group_id, metrics)
         self._fatal: BaseException | None = None
         self.outcomes = StageOutcomes(io.stage, metrics)
