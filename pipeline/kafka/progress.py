@@ -234,7 +234,8 @@ class UpstreamProgress:
         self._client: AIOKafkaClient | None = None
         self._states: dict[tuple[str, int], BranchState] | None = None
         self._ends: dict[TopicPartition, int] = {}
-        self._evidence: dict[int, str] = {}
+        self._seen: tuple[Committed, Mapping[TopicPartition, int], Mapping[TopicPartition, int]] | None = None
+        """The last poll's committed offsets, their inputs' ends and the own inputs' ends."""
 
     @property
     def branches(self) -> list[str]:
@@ -276,7 +277,15 @@ class UpstreamProgress:
         """What the last poll saw on ``partition``: each upstream group's committed offset
         against its input's end, and the stage's own inputs' ends (logged when a window
         closes, so an expiry can be checked against the offsets it was decided on)."""
-        return self._evidence.get(partition, "no poll yet")
+        if self._seen is None:
+            return "no poll yet"
+        committed, ends, own_ends = self._seen
+        groups = [
+            f"{group} at {committed.get((group, tp))} of {tp.topic} end {ends.get(tp)}"
+            for group, tp in sorted(committed, key=lambda k: (k[0], k[1].topic))
+            if tp.partition == partition
+        ]
+        return "; ".join(groups + [f"{tp.topic} end {end}" for tp, end in sorted(own_ends.items()) if tp.partition == partition])
 
     def end(self, tp: TopicPartition) -> int | None:
         """The end offset of one of the stage's own inputs as of the last poll."""
@@ -324,14 +333,7 @@ class UpstreamProgress:
             if self._client is not None and own_ends:
                 own_ends = await fetched_ends(self._client, own_ends)
             self._ends = own_ends
-            self._evidence = {
-                number: "; ".join(
-                    [f"{group} at {committed.get((group, tp))} of {tp.topic} end {ends.get(tp)}"
-                     for group, tp in sorted(committed, key=lambda k: (k[0], k[1].topic)) if tp.partition == number]
-                    + [f"{tp.topic} end {end}" for tp, end in sorted(own_ends.items()) if tp.partition == number]
-                )
-                for number in numbers
-            }
+            self._seen = (committed, ends, own_ends)  # formatted only when logged (evidence())
         except (KafkaError, OSError) as exc:
             log.warning("progress of upstream groups unknown (%r): windows wait", exc)
             self._states = None
@@ -339,5 +341,5 @@ class UpstreamProgress:
         states = branch_states(self._upstream, left, self.liveness.gone, numbers)
         for (branch, number), state in sorted(states.items(), key=lambda kv: kv[0]):
             if self._states is None or self._states.get((branch, number)) is not state:
-                log.info("upstream of %s[%d] now %s: %s", branch or "input", number, state.value, self._evidence.get(number))
+                log.info("upstream of %s[%d] now %s: %s", branch or "input", number, state.value, self.evidence(number))
         self._states = states

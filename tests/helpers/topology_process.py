@@ -254,6 +254,16 @@ def distinct_keys(n: int) -> Callable[[list[ConsumerRecord[bytes, bytes]]], bool
     return lambda records: len({r.key for r in records}) >= n
 
 
+def wait_until(condition: Callable[[], bool], what: str, process: PipelineProcess, timeout: float = 60.0) -> None:
+    """Poll ``condition`` until true; past ``timeout`` fail naming ``what`` with the end of
+    ``process``'s log (CI shows a part of a failure's output, and the cause is last)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        tail = "\n".join(process.log().splitlines()[-40:])
+        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s; the log ends:\n{tail}"
+        time.sleep(0.1)
+
+
 def _socket_inodes(pid: int) -> set[int]:
     """The inodes of the sockets ``pid`` holds open (none once it exited)."""
     inodes = set()

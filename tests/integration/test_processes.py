@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,20 +18,11 @@ from pipeline.contract.response import decode_response
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.fault_compare import RunOutputs, by_key
 from tests.helpers.fault_workloads import stateless
-from tests.helpers.topology_process import PipelineProcess, collect_outputs
+from tests.helpers.topology_process import PipelineProcess, collect_outputs, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
 N, SEED = 3_000, 103
-
-
-def _until(condition: Callable[[], bool], what: str, supervisor: PipelineProcess, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        # Only the log's end: CI shows a part of a failure's output, and the cause is last.
-        tail = "\n".join(supervisor.log().splitlines()[-40:])
-        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s; the log ends:\n{tail}"
-        time.sleep(0.2)
 
 
 def _alive(pid: int) -> bool:
@@ -52,15 +41,15 @@ def test_two_processes_share_the_group_survive_kill_9_and_stop_cleanly(
     supervisor = PipelineProcess(topo, cli_env, tmp_path / "supervisor.log", args=["--processes", "2"]).start()
     ports = [supervisor.http_port, supervisor.http_port + 1]
     try:
-        _until(lambda: supervisor.get("/readyz", ports[1])[0] == 200, "the second child ready", supervisor)
+        wait_until(lambda: supervisor.get("/readyz", ports[1])[0] == 200, "the second child ready", supervisor)
         producer = workload.producing(kafka_bootstrap, topo, seconds=15)
-        _until(
+        wait_until(
             lambda: all(supervisor.metric("pipeline_results_total", port) > 0 for port in ports),
             "results from both children", supervisor,
         )
         victim = supervisor.children()[ports[1]]
         os.kill(victim, signal.SIGKILL)
-        _until(
+        wait_until(
             lambda: supervisor.children().get(ports[1], victim) != victim
             and supervisor.get("/readyz", ports[1])[0] == 200,
             "the killed child restarted", supervisor,

@@ -22,7 +22,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,7 @@ from pipeline.errors import PipelineError
 from tests.helpers.fault_compare import RunOutputs, by_key
 from tests.helpers.fault_workloads import stateless
 from tests.helpers.figures import FaultFigures, report
-from tests.helpers.topology_process import PipelineProcess, collect_outputs
+from tests.helpers.topology_process import PipelineProcess, collect_outputs, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures a gap
 
@@ -60,17 +60,11 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stack.stop()
 
 
-def _until(condition: Callable[[], bool], what: str, supervisor: PipelineProcess, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        tail = "\n".join(supervisor.log().splitlines()[-40:])
-        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s; the log ends:\n{tail}"
-        time.sleep(0.1)
-
-
 async def _result_times(bootstrap: str, topic: str) -> dict[int, list[float]]:
     """Per result partition, the append times (s) of its records, in offset order."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     await consumer.start()
     times: dict[int, list[float]] = {}
     try:
@@ -95,9 +89,19 @@ def _run(bootstrap: str, cli_env: dict[str, str], tmp_path: Path, *, static: boo
     supervisor = PipelineProcess(topo, env, tmp_path / "supervisor.log", args=["--processes", "2"]).start()
     ports = [supervisor.http_port, supervisor.http_port + 1]
     try:
-        _until(lambda: all(supervisor.get("/readyz", p)[0] == 200 for p in ports), "both children ready", supervisor)
+        wait_until(
+            lambda: all(supervisor.get("/readyz", p)[0] == 200 for p in ports),
+            "both children ready",
+            supervisor,
+            timeout=90.0,
+        )
         producer = workload.producing(bootstrap, topo, seconds=PRODUCE_S)
-        _until(lambda: all(supervisor.metric("pipeline_results_total", p) > 0 for p in ports), "results from both", supervisor)
+        wait_until(
+            lambda: all(supervisor.metric("pipeline_results_total", p) > 0 for p in ports),
+            "results from both",
+            supervisor,
+            timeout=90.0,
+        )
         time.sleep(2.0)  # a steady stream on both children's partitions before the kill
         victim = supervisor.children()[ports[1]]
         killed_at = time.time()
@@ -135,5 +139,7 @@ def test_a_killed_static_member_is_back_in_seconds_and_a_dynamic_one_waits_for_i
             note=f"session timeout {SESSION_MS / 1000:g} s; longest gap on a partition after the kill {gap:.1f} s",
         ))  # fmt: skip
     dynamic_gap, static_gap = results[False][0], results[True][0]
-    assert static_gap <= STATIC_GAP_BOUND_S, f"static: {static_gap:.1f} s from the kill to results again (dynamic {dynamic_gap:.1f} s)"
+    assert static_gap <= STATIC_GAP_BOUND_S, (
+        f"static: {static_gap:.1f} s from the kill to results again (dynamic {dynamic_gap:.1f} s)"
+    )
     assert dynamic_gap > static_gap, f"dynamic {dynamic_gap:.1f} s, static {static_gap:.1f} s"
