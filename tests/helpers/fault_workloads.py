@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +66,33 @@ class Workload:
     burst: bool = False
     """Sent at once, its records are stamped as one burst (``kafka_io.produce``): event time
     then does not stretch with a busy machine's sending."""
+    tail_can_wait: bool = True
+    """Its last records may be sent late without changing a result (each is its own request).
+    Not so for audio: a stream whose last chunks come over 10 s late is closed as idle."""
 
     def topology(self, tmp_path: Path, **extra: Any) -> TopologyFiles:
         """A private topology (unique topics and groups); ``extra``: topology-level settings."""
         return self.make_topology(tmp_path, extra)
 
-    def producing(self, bootstrap: str, topology: TopologyFiles, *, seconds: float) -> threading.Thread:
-        """Send the records evenly over ``seconds`` (0: at once) from a thread."""
-        rate = len(self.records) / seconds if seconds > 0 else 0.0
-        records = self.records
+    def producing(
+        self,
+        bootstrap: str,
+        topology: TopologyFiles,
+        *,
+        seconds: float,
+        held_back: int = 0,
+        release: threading.Event | None = None,
+    ) -> threading.Thread:
+        """Send the records evenly over ``seconds`` (0: at once) from a thread; the last
+        ``held_back`` of them only once ``release`` is set (at once then)."""
+        held = held_back if release is not None and self.tail_can_wait else 0
+        records, tail = self.records[: len(self.records) - held], self.records[len(self.records) - held :]
+        rate = len(records) / seconds if seconds > 0 else 0.0
 
         def send() -> None:
             asyncio.run(produce(bootstrap, topology.input_topic, records, rate=rate, burst=self.burst and rate == 0))
+            if tail and release is not None and release.wait(timeout=600):
+                asyncio.run(produce(bootstrap, topology.input_topic, tail))
 
         thread = threading.Thread(target=send, name=f"produce-{self.kind}")
         thread.start()
@@ -115,7 +130,7 @@ def audio(streams: int = 4) -> Workload:
     def make(tmp_path: Path, extra: dict[str, Any]) -> TopologyFiles:
         return write_topology(tmp_path, partitions=2, stages=stages, extra=extra)
 
-    return Workload("audio", records, by_stream_result, done, make, ("silero_vad",))
+    return Workload("audio", records, by_stream_result, done, make, ("silero_vad",), tail_can_wait=False)
 
 
 def ensemble(n: int = 400, seed: int = 102, window_ms: float = 5000.0) -> Workload:
@@ -123,7 +138,11 @@ def ensemble(n: int = 400, seed: int = 102, window_ms: float = 5000.0) -> Worklo
     records = [encode_request({"raw": raw[i : i + 1]}, correlation_id=f"ens-{i}") for i in range(n)]
     doc = yaml.safe_load(ENSEMBLE_YAML.read_text())
     stages = [_tuned(stage) for stage in doc["stages"]]
-    graph = {"inputs": doc["inputs"], "outputs": doc["outputs"], "result_join": {"mode": "inner", "window_ms": window_ms}}
+    graph = {
+        "inputs": doc["inputs"],
+        "outputs": doc["outputs"],
+        "result_join": {"mode": "inner", "window_ms": window_ms},
+    }
 
     def make(tmp_path: Path, extra: dict[str, Any]) -> TopologyFiles:
         return write_topology(tmp_path, partitions=2, stages=stages, extra={**graph, **extra})
@@ -142,6 +161,9 @@ class Run:
     logs: Path
     worker: PipelineProcess
     producer: threading.Thread | None = None
+    release: threading.Event = field(default_factory=threading.Event)
+    """Set by :meth:`finish`: the records held back by :meth:`produce` go out then, after the
+    fault, so a run whose records are all answered during a long fault still shows recovery."""
 
     def new_worker(self, env: dict[str, str] | None = None) -> PipelineProcess:
         """Another `pipeline run` of the same topology (same groups: it takes over)."""
@@ -153,13 +175,16 @@ class Run:
         """Another `pipeline run` of the same topology that shares the work with :attr:`worker`."""
         return PipelineProcess(self.topology, self.env, self.logs / f"{self.workload.kind}-{uuid.uuid4().hex[:6]}.log")
 
-    def produce(self, bootstrap: str, *, seconds: float) -> None:
-        self.producer = self.workload.producing(bootstrap, self.topology, seconds=seconds)
+    def produce(self, bootstrap: str, *, seconds: float, held_back: int = 0) -> None:
+        self.producer = self.workload.producing(
+            bootstrap, self.topology, seconds=seconds, held_back=held_back, release=self.release
+        )
 
     def finish(self, bootstrap: str, timeout: float = 180.0) -> RunOutputs:
         """Wait for the producer and for every result, stop the worker cleanly (exit code 0),
         audit that every record each stage consumed has an outcome (across every restart:
         :mod:`tests.helpers.outcome_audit`), then read all outputs to the end."""
+        self.release.set()
         if self.producer is not None:
             self.producer.join(timeout=timeout)
         collected = collect_outputs(bootstrap, self.topology, self.workload.done, timeout=timeout)
@@ -167,15 +192,16 @@ class Run:
         assert code == 0, f"{self.workload.kind}: exit code {code}\n{self.worker.log()}"
         audit = audit_outcomes(bootstrap, self.topology.path)
         finished = self.workload.done(collected.records)
-        print(f"\noutcome audit [{self.workload.kind}]: {audit.line()}" + ("" if finished else f" (not finished in {timeout:g} s)"))
+        print(
+            f"\noutcome audit [{self.workload.kind}]: {audit.line()}"
+            + ("" if finished else f" (not finished in {timeout:g} s)")
+        )
         # A run stopped before it finished left records for a next owner: the comparison names them.
         assert not finished or not audit.problems(), f"{self.workload.kind}: " + "; ".join(audit.problems())
         return RunOutputs.read(bootstrap, self.topology, self.workload.identity)
 
 
-def start_runs(
-    workloads: Sequence[Workload], env: dict[str, str], tmp_path: Path, **extra: Any
-) -> list[Run]:
+def start_runs(workloads: Sequence[Workload], env: dict[str, str], tmp_path: Path, **extra: Any) -> list[Run]:
     """A private topology and a ready worker for each workload (started side by side)."""
     runs = []
     for workload in workloads:
@@ -193,13 +219,21 @@ def start_workers(workers: Sequence[PipelineProcess]) -> None:
 
 
 def producing_runs(
-    workloads: Sequence[Workload], env: dict[str, str], tmp_path: Path, bootstrap: str, *, seconds: float, **extra: Any
+    workloads: Sequence[Workload],
+    env: dict[str, str],
+    tmp_path: Path,
+    bootstrap: str,
+    *,
+    seconds: float,
+    held_back: int = 0,
+    **extra: Any,
 ) -> list[Run]:
     """:func:`start_runs`, each sending its records over ``seconds``, returned once every
-    worker has produced some results: a fault applied now hits mid-stream."""
+    worker has produced some results: a fault applied now hits mid-stream. ``held_back``:
+    records of each workload whose tail can wait sent only by :meth:`Run.finish`."""
     runs = start_runs(workloads, env, tmp_path, **extra)
     for run in runs:
-        run.produce(bootstrap, seconds=seconds)
+        run.produce(bootstrap, seconds=seconds, held_back=held_back)
     wait_for_results(runs, 40)
     return runs
 
