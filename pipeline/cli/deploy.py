@@ -81,12 +81,17 @@ def k8s(
     ] = _defaults.lag_threshold,
     keda: Annotated[bool, typer.Option(help="KEDA ScaledObjects (else fixed --min-replicas).")] = True,
     keda_auth: Annotated[str | None, typer.Option(help="KEDA TriggerAuthentication for a Kafka with SASL or TLS.")] = None,
+    static_membership: Annotated[
+        bool,
+        typer.Option(help="StatefulSets whose pods are static group members named after the pod (KIP-345)."),
+    ] = False,
     service_monitor: Annotated[bool, typer.Option(help="Prometheus Operator ServiceMonitors.")] = True,
     prestop_seconds: Annotated[int, typer.Option(help="Pause before SIGTERM.")] = _defaults.prestop_s,
 ) -> None:
     """Write a kustomize base for TOPOLOGY: a Deployment per stage, autoscaling, Triton.
 
-    Per stage (per step and join of a graph): a Deployment running `pipeline run --stage`,
+    Per stage (per step and join of a graph): a Deployment (with --static-membership, a
+    StatefulSet whose pods join as static members) running `pipeline run --stage`,
     with probes, a pre-stop pause and a grace period covering the drain; a
     PodDisruptionBudget; a metrics Service and ServiceMonitor; a KEDA ScaledObject on the
     stage's consumer-group lag. Triton reads the S3 model store. Apply with

@@ -10,7 +10,7 @@ group gives each partition to one member, so more would sit idle.
 
 from __future__ import annotations
 
-from pipeline.deploy.objects import WORKER, DeployContext, Manifest, metadata
+from pipeline.deploy.objects import WORKER, DeployContext, Manifest, metadata, workload_kind
 from pipeline.deploy.units import RunUnit, resource_name
 
 BOOTSTRAP_VARIABLE = "PIPELINE_KAFKA_BOOTSTRAP_SERVERS"
@@ -54,7 +54,7 @@ def scaled_object(ctx: DeployContext, unit: RunUnit) -> Manifest:
         "kind": "ScaledObject",
         "metadata": metadata(name, ctx.labels(WORKER, name)),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": workload_kind(ctx.options), "name": name},
             "minReplicaCount": min(ctx.options.min_replicas, max_replicas(ctx)),
             "maxReplicaCount": max_replicas(ctx),
             "pollingInterval": POLLING_INTERVAL_S,

@@ -1,4 +1,4 @@
-"""The objects of one run unit: Deployment, metrics Service, ServiceMonitor, PodDisruptionBudget.
+"""The objects of one run unit: Deployment (or StatefulSet), metrics Service, ServiceMonitor, PodDisruptionBudget.
 
 Each pod runs ``pipeline run /config/topology.yaml --stage NAME`` on the topology file mounted
 from its ConfigMap, so what runs is what the topology says. Probes use the health server of
@@ -26,6 +26,7 @@ from pipeline.deploy.objects import (
     prestop_pause,
     service,
     service_monitor,
+    stateful_set,
 )
 from pipeline.deploy.units import RunUnit, resource_name
 
@@ -35,6 +36,13 @@ HEALTH_PORT_NAME = "health"
 WORKER_ENV = {"PIPELINE_HEALTH_HOST": "0.0.0.0"}
 """Set on every worker container: ``pipeline run --health-host``'s variable, all addresses,
 since probes come from the kubelet, outside the pod's loopback."""
+
+INSTANCE_ID_ENV: Manifest = {
+    "name": "PIPELINE_KAFKA_GROUP_INSTANCE_ID",
+    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+}
+"""With ``static_membership``: each pod's static member name in its stage's group is its own
+name, stable in a StatefulSet (the downward API fills it in)."""
 
 WORKER_UID = 10001
 """The ``pipeline`` user of the image (``useradd --uid 10001`` in ``Dockerfile``)."""
@@ -55,8 +63,14 @@ def unit_objects(ctx: DeployContext, unit: RunUnit) -> list[Manifest]:
     labels, selector = ctx.labels(WORKER, name), ctx.selector(WORKER, name)
     # With KEDA the replica count is the autoscaler's; without, a fixed minimum.
     replicas = None if ctx.options.keda else max(ctx.options.min_replicas, 1)
+    pod = _pod(ctx, unit)
+    workload = (
+        stateful_set(name, labels, selector, pod, replicas, service_name=name)
+        if ctx.options.static_membership
+        else deployment(name, labels, selector, pod, replicas)
+    )
     objects = [
-        deployment(name, labels, selector, _pod(ctx, unit), replicas),
+        workload,
         service(name, labels, selector, [_metrics_port(ctx)], headless=True),
         disruption_budget(name, labels, selector),
     ]
@@ -95,7 +109,8 @@ def _pod(ctx: DeployContext, unit: RunUnit) -> Manifest:
         "command": ["pipeline"],
         "args": run_arguments(ctx, unit),
         "ports": [{"name": HEALTH_PORT_NAME, "containerPort": options.http_port, "protocol": "TCP"}],
-        "env": [{"name": name, "value": value} for name, value in WORKER_ENV.items()],
+        "env": [{"name": name, "value": value} for name, value in WORKER_ENV.items()]
+        + ([INSTANCE_ID_ENV] if options.static_membership else []),
         # Endpoints from the ConfigMap, credentials from the Secret (which wins on a shared key).
         "envFrom": [{"configMapRef": {"name": ctx.endpoints_config}}, {"secretRef": {"name": options.secret}}],
         "resources": options.stage_resources.manifest(),

@@ -36,6 +36,7 @@ DEFAULT_KAFKA_BOOTSTRAP = "kafka:9092"
 
 FILES_BY_KIND = {
     "Deployment": "deployments.yaml",
+    "StatefulSet": "stateful-sets.yaml",  # stage workers with --static-membership
     "Service": "services.yaml",
     "PodDisruptionBudget": "pod-disruption-budgets.yaml",
     "NetworkPolicy": "network-policies.yaml",
@@ -76,6 +77,8 @@ class Bundle:
 
     def files(self) -> dict[str, list[Manifest]]:
         """File name -> its objects, in :data:`FILES_BY_KIND` order."""
+        unfiled = {o["kind"] for o in self.objects} - FILES_BY_KIND.keys()
+        assert not unfiled, f"no file for {sorted(unfiled)}: add the kind to FILES_BY_KIND"
         grouped: dict[str, list[Manifest]] = {}
         for kind, name in FILES_BY_KIND.items():
             objects = [o for o in self.objects if o["kind"] == kind]

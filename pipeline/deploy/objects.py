@@ -123,6 +123,29 @@ def deployment(name: str, labels: dict[str, str], selector: dict[str, str], pod:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(name, labels), "spec": spec}
 
 
+def workload_kind(options: DeployOptions) -> str:
+    """The kind of a stage's workers: a StatefulSet for static members, else a Deployment."""
+    return "StatefulSet" if options.static_membership else "Deployment"
+
+
+def stateful_set(name: str, labels: dict[str, str], selector: dict[str, str], pod: Manifest,
+                 replicas: int | None, *, service_name: str) -> Manifest:
+    """A StatefulSet of ``pod``: each pod keeps its name (``<name>-<ordinal>``) across restarts
+    and rollouts, which is what a static consumer-group member needs (its instance id is the
+    pod's name). Pods start and stop side by side (``Parallel``), as a Deployment's would; a
+    rollout replaces them one at a time under the same names. ``replicas`` as in :func:`deployment`."""
+    spec: Manifest = {
+        "serviceName": service_name,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector},
+        "updateStrategy": {"type": "RollingUpdate"},
+        "template": {"metadata": {"labels": labels}, "spec": pod},
+    }
+    if replicas is not None:
+        spec = {"replicas": replicas, **spec}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata(name, labels), "spec": spec}
+
+
 def service(name: str, labels: dict[str, str], selector: dict[str, str], ports: list[Manifest], *,
             headless: bool = False) -> Manifest:
     spec: Manifest = {"selector": selector, "ports": ports}

@@ -124,6 +124,12 @@ class DeployOptions:
     strimzi_cluster: str | None = None
     """A Strimzi-run Kafka cluster's name: every topic of the topology becomes a ``KafkaTopic``
     of that cluster (``pipeline/deploy/strimzi.py``); None: the workers create the topics."""
+    static_membership: bool = False
+    """Stage workers as StatefulSets whose pods join their groups as static members (KIP-345),
+    named after the pod (``PIPELINE_KAFKA_GROUP_INSTANCE_ID``): a restarted container or a
+    rolled-out pod gets its partitions back without a rebalance; a pod removed by a scale-down
+    hands them on only after the session timeout (docs/deployment.md). False: Deployments,
+    dynamic members that leave their groups on SIGTERM."""
     service_monitor: bool = True
     prestop_s: int = 5
     """Pause before SIGTERM, so the pod leaves its Services' endpoints before it stops."""

@@ -184,6 +184,38 @@ def test_one_deployment_per_unit_scaled_on_the_group_pipeline_run_uses(rendered:
         assert "replicas" not in deployment["spec"]  # KEDA's to set
 
 
+def test_static_membership_makes_stateful_sets_whose_pods_join_under_their_own_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--static-membership``: per unit a StatefulSet (valid, strictly) instead of the Deployment,
+    governed by the unit's headless Service, each pod's group instance id its own stable name
+    (the downward API), KEDA scaling the StatefulSet; the runtime reads that variable as the
+    instance id of every stage consumer (``KafkaSettings.group_instance_id``)."""
+    case = render(REPO / "topologies" / "ensemble.yaml", tmp_path, DeployOptions(static_membership=True))
+    assert not case.of("Deployment", **WORKER)
+    sets = case.of("StatefulSet", **WORKER)
+    assert sorted(container(s)["args"][3] for s in sets) == sorted(name for name, _, _ in case.units)
+    headless = {s["metadata"]["name"] for s in case.of("Service") if s["spec"].get("clusterIP") == "None"}
+    for obj in sets:
+        assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+        name, spec = obj["metadata"]["name"], obj["spec"]
+        assert spec["serviceName"] == name and name in headless
+        assert spec["podManagementPolicy"] == "Parallel" and "replicas" not in spec  # KEDA's to set
+        env = {e["name"]: e for e in container(obj)["env"]}
+        assert env["PIPELINE_KAFKA_GROUP_INSTANCE_ID"] == {
+            "name": "PIPELINE_KAFKA_GROUP_INSTANCE_ID",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        }
+        scaled = case.named("ScaledObject", name)
+        jsonschema.validate(scaled, SCALED_OBJECT, cls=jsonschema.Draft202012Validator)
+        assert scaled["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name}
+    pod_name = f"{sets[0]['metadata']['name']}-0"
+    monkeypatch.setenv("PIPELINE_KAFKA_GROUP_INSTANCE_ID", pod_name)
+    assert KafkaSettings().group_instance_id == pod_name
+    (triton,) = case.of("Deployment", **{"app.kubernetes.io/name": "triton"})  # Triton keeps its Deployment
+    assert triton["kind"] == "Deployment"
+
+
 def test_containers_run_pipeline_run_with_probes_on_the_health_port(
     rendered: Rendered, monkeypatch: pytest.MonkeyPatch
 ) -> None:
