@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.embedded.stack import EmbeddedStack
+from pipeline.embedded.stack import Broker, EmbeddedStack
 from pipeline.kafka import continuity
 from pipeline.modelstore.repository import scan_repository
 from pipeline.modelstore.store import ModelStore
@@ -49,6 +49,19 @@ def _docker_answers() -> bool:
     return True
 
 
+BROKER_SWITCH = "PIPELINE_TEST_BROKER"
+"""Which embedded broker serves the session's stack: ``tansu`` (default) or ``kafka`` (Apache
+Kafka, from the jars scripts/install.sh --test resolves). Tests that start brokers of their own
+choose them themselves."""
+
+
+def session_broker() -> Broker:
+    chosen = os.environ.get(BROKER_SWITCH, "tansu")
+    if chosen not in ("tansu", "kafka"):
+        raise pytest.UsageError(f"{BROKER_SWITCH}={chosen!r}: expected 'tansu' or 'kafka'")
+    return "kafka" if chosen == "kafka" else "tansu"
+
+
 @pytest.fixture(scope="session")
 def sample_models_dir() -> Path:
     return SAMPLE_MODELS
@@ -72,7 +85,7 @@ def kafka_bootstrap(service_log_dir: Path) -> Iterator[str]:
         with KafkaContainer() as kafka:
             yield kafka.get_bootstrap_server()
         return
-    stack = EmbeddedStack(services=("kafka",), log_dir=service_log_dir)
+    stack = EmbeddedStack(services=("kafka",), log_dir=service_log_dir, broker=session_broker())
     stack.start()
     try:
         yield str(stack.endpoints.kafka.bootstrap_servers)

@@ -25,6 +25,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.contract.errors import TextEnum
 from pipeline.kafka.clients import make_consumer
+from pipeline.kafka.topic_partitions import topic_partitions
 from pipeline.settings import KafkaSettings
 from pipeline.tools.connect import start_client
 from pipeline.tools.decoding import Consumed, classify
@@ -139,10 +140,9 @@ async def _consume_assigned(
 ) -> ConsumeResult:
     """Read chosen partitions from chosen positions (``--partition``/``--offset``), no group."""
     try:
-        await asyncio.wait_for(consumer.topics(), options.connect_timeout_s)  # fetches the metadata
         assigned: list[TopicPartition] = []
         for topic in topics:
-            known = consumer.partitions_for_topic(topic) or set()
+            known = await asyncio.wait_for(topic_partitions(consumer, topic), options.connect_timeout_s) or set()
             wanted = set(options.partitions) if options.partitions else known
             assigned += [TopicPartition(topic, p) for p in sorted(wanted & known)]
         consumer.assign(assigned)

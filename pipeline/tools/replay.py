@@ -38,6 +38,7 @@ from pipeline.deadletter.claim_check import ClaimCheckStore
 from pipeline.errors import ConfigError
 from pipeline.kafka.clients import RecordLimits, make_consumer, make_producer
 from pipeline.kafka.to_end import ReadToEnd
+from pipeline.kafka.topic_partitions import topic_partitions
 from pipeline.settings import KafkaSettings, S3Settings
 from pipeline.tools.connect import start_client
 from pipeline.tools.pacing import Pacer
@@ -189,8 +190,7 @@ class _Replayer:
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> ReadToEnd:
         """Every partition of the topic, positioned at its start, to be read to its end as of now."""
-        await consumer.topics()  # fetches the cluster's metadata
-        numbers = consumer.partitions_for_topic(self.topic)
+        numbers = await topic_partitions(consumer, self.topic)
         if not numbers:
             raise ConfigError(f"dead-letter topic {self.topic!r} does not exist on the broker")
         partitions = [TopicPartition(self.topic, p) for p in sorted(numbers)]
@@ -319,8 +319,7 @@ async def answered_keys(
     await start_client(consumer, settings, CONNECT_TIMEOUT_S)
     keys: set[bytes] = set()
     try:
-        await consumer.topics()
-        numbers = consumer.partitions_for_topic(topic)
+        numbers = await topic_partitions(consumer, topic)
         if not numbers:
             return frozenset()
         partitions = [TopicPartition(topic, p) for p in sorted(numbers)]

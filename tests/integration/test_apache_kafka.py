@@ -9,6 +9,8 @@ docs/apache-kafka.md quotes.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +23,8 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.errors import PipelineError
+from pipeline.kafka.topic_partitions import topic_partitions
+from tests.helpers.cli import ok, run_cli
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -252,3 +256,40 @@ async def _replicated_round_trip(bootstrap: str) -> None:
     records, consumer = await _read(bootstrap, topic, 10)
     await consumer.stop()
     assert [r.value for r in records] == [f"rf3-{i}".encode() for i in range(10)]
+
+
+def test_a_topic_read_by_assignment_is_found(bootstrap: str, tmp_path: Path) -> None:
+    """Apache Kafka lists no topic for a metadata request that names none (Tansu lists them
+    all), so a consumer that assigns partitions itself must ask for the topic's metadata:
+    ``pipeline consume --partition --offset`` reported such a topic missing and read nothing
+    (as would ``pipeline replay`` and ``pipeline top``), found running the suite on this broker."""
+    topic = _topic()
+
+    async def fill() -> tuple[set[int] | None, set[int] | None]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 2, 1)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            for partition in (0, 1):
+                for i in range(6):
+                    await producer.send_and_wait(topic, f"p{partition}-{i}".encode(), key=b"k", partition=partition)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await consumer.start()
+        try:
+            return await topic_partitions(consumer, topic), await topic_partitions(consumer, f"{topic}-absent")
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(fill()) == ({0, 1}, None)
+    env = {**os.environ, "PIPELINE_STATE_DIR": str(tmp_path)}
+    args = ["--topic", topic, "--partition", "1", "--offset", "3", "--max-messages", "2", "--json", "--timeout", "10"]
+    out = ok(run_cli(env, "consume", "-b", bootstrap, *args))
+    records = [line for line in map(json.loads, out.stdout.splitlines()) if "offset" in line]
+    assert [(r["partition"], r["offset"]) for r in records] == [(1, 3), (1, 4)], out.stdout

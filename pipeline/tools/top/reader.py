@@ -24,6 +24,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.errors import ConfigError
 from pipeline.kafka.clients import make_consumer
 from pipeline.kafka.to_end import ReadToEnd
+from pipeline.kafka.topic_partitions import topic_partitions
 from pipeline.settings import KafkaSettings
 from pipeline.tools.connect import start_client
 from pipeline.tools.top.snapshot import Snapshot, parse_snapshot
@@ -54,7 +55,7 @@ class MetricsReader:
         await start_client(consumer, self.settings, CONNECT_TIMEOUT_S)
         self._consumer = consumer
         try:
-            partitions = consumer.partitions_for_topic(self.topic) if self.topic in await consumer.topics() else None
+            partitions = await topic_partitions(consumer, self.topic)
             if not partitions:
                 raise ConfigError(f"metrics topic {self.topic} does not exist: has the topology run yet?")
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
