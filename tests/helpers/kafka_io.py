@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord
 
 from pipeline.contract.records import Record
@@ -92,3 +93,22 @@ def header(record: ConsumerRecord[bytes, bytes], name: str) -> str | None:
         if key == name:
             value = raw.decode()
     return value
+
+
+async def fill_two_partitions(bootstrap: str, topic: str, per_partition: int = 6) -> None:
+    """Create ``topic`` with two partitions and write ``p<partition>-<i>`` to each (key ``k``),
+    ``per_partition`` records: positions a test can read back by partition and offset."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for partition in (0, 1):
+            for i in range(per_partition):
+                await producer.send_and_wait(topic, f"p{partition}-{i}".encode(), key=b"k", partition=partition)
+    finally:
+        await producer.stop()

@@ -25,6 +25,7 @@ from pipeline.embedded.stack import EmbeddedStack
 from pipeline.errors import PipelineError
 from pipeline.kafka.topic_partitions import topic_partitions
 from tests.helpers.cli import ok, run_cli
+from tests.helpers.kafka_io import fill_two_partitions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -266,20 +267,7 @@ def test_a_topic_read_by_assignment_is_found(bootstrap: str, tmp_path: Path) -> 
     topic = _topic()
 
     async def fill() -> tuple[set[int] | None, set[int] | None]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, 2, 1)])
-        finally:
-            await admin.close()
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-        await producer.start()
-        try:
-            for partition in (0, 1):
-                for i in range(6):
-                    await producer.send_and_wait(topic, f"p{partition}-{i}".encode(), key=b"k", partition=partition)
-        finally:
-            await producer.stop()
+        await fill_two_partitions(bootstrap, topic)
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
         await consumer.start()
         try:

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from pipeline.contract.errors import ErrorClass
 from pipeline.contract.records import dead_letter_headers, result_headers
@@ -39,6 +38,7 @@ from pipeline.tools.pacing import Pacer
 from pipeline.tools.sources import RecordBuilder, RecordOptions, random_requests
 from pipeline.triton.admin import ModelDescription, TensorSpec
 from tests.helpers.cli import assert_one_line_error, ok, run_cli
+from tests.helpers.kafka_io import fill_two_partitions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DENSE = REPO_ROOT / "topologies" / "dense.yaml"
@@ -618,23 +618,7 @@ def test_consume_reads_one_partition_from_an_offset_like_the_console_consumer(
     """``--partition`` and ``--offset`` (kafka-console-consumer's) assign, seek and read, no group."""
     topic = f"assigned-{uuid.uuid4().hex[:8]}"
 
-    async def fill() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, 2, 1)])
-        finally:
-            await admin.close()
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        try:
-            for partition in (0, 1):
-                for i in range(6):
-                    await producer.send_and_wait(topic, f"p{partition}-{i}".encode(), key=b"k", partition=partition)
-        finally:
-            await producer.stop()
-
-    asyncio.run(fill())
+    asyncio.run(fill_two_partitions(kafka_bootstrap, topic))
     args = ["--topic", topic, "--partition", "1", "--offset", "3", "--max-messages", "2", "--json", "--timeout", "10"]
     out = run_cli(cli_env, "consume", "-b", kafka_bootstrap, *args)
     assert out.returncode == 0, out.stderr
