@@ -55,11 +55,14 @@ Kafka, from the jars scripts/install.sh --test resolves). Tests that start broke
 choose them themselves."""
 
 
+_BROKERS: dict[str, Broker] = {"tansu": "tansu", "kafka": "kafka"}
+
+
 def session_broker() -> Broker:
     chosen = os.environ.get(BROKER_SWITCH, "tansu")
-    if chosen not in ("tansu", "kafka"):
+    if chosen not in _BROKERS:
         raise pytest.UsageError(f"{BROKER_SWITCH}={chosen!r}: expected 'tansu' or 'kafka'")
-    return "kafka" if chosen == "kafka" else "tansu"
+    return _BROKERS[chosen]
 
 
 @pytest.fixture(scope="session")

@@ -259,8 +259,9 @@ def wait_until(condition: Callable[[], bool], what: str, process: PipelineProces
     ``process``'s log (CI shows a part of a failure's output, and the cause is last)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        tail = "\n".join(process.log().splitlines()[-40:])
-        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s; the log ends:\n{tail}"
+        if time.monotonic() >= deadline:  # the log is read once, when it is needed
+            tail = "\n".join(process.log().splitlines()[-40:])
+            raise AssertionError(f"{what} not within {timeout:.0f}s; the log ends:\n{tail}")
         time.sleep(0.1)
 
 

@@ -54,8 +54,8 @@ supervisor started a fresh child (2.2-2.7 s of its start-up, most of it imports)
 the warm standby replaces it (imported, topology loaded: the join and the stage's setup are
 what is left)."""
 SCALE_DOWN_REBALANCE_S = 5.0
-"""After the session timeout: the broker's rebalance, the stayer's next heartbeat (3 s
-apart), its join and restore."""
+"""After the session timeout: the broker's rebalance, the stayer's next heartbeat (1 s
+apart: ``pipeline.kafka.clients``), its join and restore."""
 
 
 @pytest.fixture(scope="module")

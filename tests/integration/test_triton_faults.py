@@ -350,6 +350,12 @@ STORM_EVERY_S = 4.0
 STORM_HELD_BACK = 20
 
 
+def _stop_side_by_side(pool: ThreadPoolExecutor, workers: list[PipelineProcess]) -> None:
+    """SIGTERM ``workers`` at once, each exiting cleanly or (before its handlers) by the signal."""
+    for worker, code in zip(workers, pool.map(PipelineProcess.terminate, workers), strict=True):
+        assert code in (0, -signal.SIGTERM), worker.log()
+
+
 def test_a_rebalance_storm_downstream_of_stateless_dali_and_join_stages_loses_nothing(campaign: Campaign) -> None:
     """No Triton fault: Triton is healthy, and this campaign's references serve. For 24 s, an
     extra worker of every topology joins, or leaves (SIGTERM), every 4 s, so every stage,
@@ -375,13 +381,10 @@ def test_a_rebalance_storm_downstream_of_stateless_dali_and_join_stages_loses_no
                 else:  # leaves them; SIGTERM before its handlers are in place is a crash, also fine
                     leaving.append(worker)
                     extra[run.workload.kind] = None
-            for worker, code in zip(leaving, stopping.map(PipelineProcess.terminate, leaving), strict=True):
-                assert code in (0, -signal.SIGTERM), worker.log()
+            _stop_side_by_side(stopping, leaving)
             changes += 1
             time.sleep(STORM_EVERY_S)
-        staying = [worker for worker in extra.values() if worker is not None]
-        for worker, code in zip(staying, stopping.map(PipelineProcess.terminate, staying), strict=True):
-            assert code in (0, -signal.SIGTERM), worker.log()
+        _stop_side_by_side(stopping, [worker for worker in extra.values() if worker is not None])
     fault_end_ms = _now_ms()
     skipped = {run.workload.kind: run.worker.metric("pipeline_offsets_skipped_total") for run in runs}
     outputs = finish_all(runs, campaign.bootstrap)
