@@ -34,6 +34,15 @@ SAMPLE_MODELS = REPO_ROOT / "sample_models"
 # product's, they never miss a record the embedded broker answers past (pipeline/kafka/continuity.py).
 continuity.install()
 
+TEST_SESSION_TIMEOUT_MS = "6000"
+"""The consumer group session of every worker and client the suite starts, unless a test
+sets its own (``PIPELINE_KAFKA_SESSION_TIMEOUT_MS``; the product's default is 10 s). Tansu
+holds every JoinGroup until half the group's session has passed (5 s at 10 s, read from
+its source: docs/streaming.md), and the suite starts about 270 workers; 6 s is Apache
+Kafka's smallest allowed session (``group.min.session.timeout.ms``), so the same suite
+runs on either broker. Heartbeats stay at 1 s."""
+os.environ.setdefault("PIPELINE_KAFKA_SESSION_TIMEOUT_MS", TEST_SESSION_TIMEOUT_MS)
+
 
 def _docker_answers() -> bool:
     if os.environ.get("PIPELINE_TEST_NO_DOCKER"):
