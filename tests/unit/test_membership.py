@@ -32,7 +32,7 @@ from aiokafka.protocol.group import (
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import TopicPartition
 
-from pipeline.kafka.membership import MembershipLease, MembershipLost, held_outputs, watch
+from pipeline.kafka.membership import SEND_TIMEOUT_S, MembershipLease, MembershipLost, held_outputs, watch
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, OutRecord
 from workers.runtime.fencing import StageFence
@@ -407,3 +407,20 @@ async def test_watch_observes_group_answers_through_the_client_and_passes_the_re
     await consumer._client.send(0, HeartbeatRequest("g", 7, "m"))
     assert not ml.fresh() and not ml.renewable()
     assert len(seen) == 4
+
+
+async def test_a_call_waits_for_the_lease_no_longer_than_an_output_then_the_stage_stops() -> None:
+    """Neither confirmed nor lost (the coordinator answers with errors that prove nothing):
+    the frame's call is not left waiting unseen; the stage is stopped, the call cancelled."""
+    clock, failed = Clock(), []
+    fence = StageFence(failed.append)
+    fence.lease = member(clock)
+    clock.now += 8.0  # stale, still renewable
+    call = asyncio.create_task(fence.admit_call())
+    await asyncio.sleep(0.1)
+    assert not call.done() and failed == []
+    clock.now += SEND_TIMEOUT_S
+    await asyncio.sleep(0.1)
+    assert call.cancelled()
+    assert len(failed) == 1 and isinstance(failed[0], KafkaTimeoutError)
+    assert "membership not confirmed" in str(failed[0])

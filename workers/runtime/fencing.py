@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaTimeoutError
 
 from pipeline.kafka.membership import POLL_S, SEND_TIMEOUT_S, MembershipLease, MembershipLost, watch
 from pipeline.observability.metrics import PipelineMetrics
@@ -27,8 +27,11 @@ log = logging.getLogger(__name__)
 class StageFence:
     """One stage's membership lease, its count of revocations, and whether it is restoring."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail: Callable[[BaseException], None] | None = None) -> None:
         self.lease: MembershipLease | None = None
+        self._fail = fail
+        """Stops the stage (:meth:`StreamStage.fail`): a call waited for the lease as long as
+        an output may (None: the error is raised to the caller instead)."""
         self.revocations = 0
         """Bumped on every revocation: a batch fetched before one is not handled after it,
         even when the partition comes back (its records are fetched again from the commit)."""
@@ -71,11 +74,23 @@ class StageFence:
     async def admit_call(self) -> None:
         """Before a call that changes state the partition's next owner shares (a frame of a
         Triton sequence): wait for the lease; when it cannot be renewed, cancel the calling
-        task, as handing the partition back is about to (its next owner drives the stream)."""
+        task, as handing the partition back is about to (its next owner drives the stream).
+
+        The wait is bounded like an output's (``SEND_TIMEOUT_S``): a lease that the coordinator
+        neither confirms nor takes away for that long (a broker that answers the group's
+        requests with errors that prove nothing) stops the stage, whose unfinished records are
+        replayed from the commit, instead of leaving the stream's records waiting unseen."""
         if self.lease is None:
             return
         revocations = self.revocations
-        if not await self.lease.admit(lambda: self.revocations == revocations, math.inf):
+        try:
+            admitted = await self.lease.admit(lambda: self.revocations == revocations, SEND_TIMEOUT_S)
+        except KafkaTimeoutError as stuck:
+            if self._fail is None:
+                raise
+            self._fail(stuck)
+            raise asyncio.CancelledError from stuck
+        if not admitted:
             raise asyncio.CancelledError
 
     @staticmethod

@@ -96,7 +96,7 @@ class StreamStage(abc.ABC):
         # rebalance listener from its coordinator task while the fetcher keeps fetching, so records
         # arriving before restore finishes or after a revocation wait, or are left to the next owner.
         self._owned: set[TopicPartition] = set()
-        self.fence = StageFence()
+        self.fence = StageFence(self.fail)
         self._fetch = UnreadableRecords(  # no crash loop on undecodable records, no move past a skipped offset
             kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"], on_gap=self._count_gap
         )
