@@ -26,9 +26,10 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from benchmarks import cli
 from benchmarks.common import create_topics, make_requests, produce_all
 from benchmarks.report import case_table, wide_console
-from pipeline.contract.records import result_headers
+from pipeline.contract.records import ResultHeaders, result_headers
 from pipeline.contract.request import decode_request
 from pipeline.contract.response import encode_response
+from pipeline.contract.response_batch import encode_responses
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import OrderedOffsets
@@ -45,6 +46,14 @@ def per_call_us(fn: Callable[[int], Any], n: int) -> float:
     started = time.process_time()
     for i in range(n):
         fn(i)
+    return (time.process_time() - started) / n * 1e6
+
+
+def per_batch_us(fn: Callable[[slice], Any], n: int, size: int) -> float:
+    """CPU per item of ``fn`` called once per ``size`` items."""
+    started = time.process_time()
+    for first in range(0, n, size):
+        fn(slice(first, first + size))
     return (time.process_time() - started) / n * 1e6
 
 
@@ -155,30 +164,51 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
 
         # --- _succeed -----------------------------------------------------------------
         m = len(outputs)
+        response_type = "application/vnd.oip.v2.infer-response+protobuf"
+
+        def batch_values(part: slice) -> None:
+            encode_responses(requests[part], outputs[part], model_name=MODEL, model_version=model_version)
+
+        def batch_headers(part: slice) -> None:
+            shared = ResultHeaders(stage="s", model_name=MODEL, model_version=model_version, content_type=response_type)
+            for i in range(part.start, min(part.stop, m)):
+                shared.of(consumed[i].headers, requests[i].correlation_id)
+
         add(
-            "encode_response",
-            "workers/stateless/stage.py _succeed",
-            per_call_us(
-                lambda i: encode_response(
-                    requests[i], outputs[i], model_name=MODEL, model_version=model_version
-                ),
-                m,
-            ),
+            f"encode_responses ({batch} results in one pass), per result",
+            "workers/stateless/batch_runner.py _succeed",
+            per_batch_us(batch_values, m, batch),
         )
         add(
-            "result_headers",
-            "workers/stateless/stage.py _succeed",
-            per_call_us(
-                lambda i: result_headers(
-                    list(consumed[i].headers),
-                    correlation_id=requests[i].correlation_id,
-                    stage="s",
-                    model_name=MODEL,
-                    model_version=model_version,
-                    content_type="application/vnd.oip.v2.infer-response+protobuf",
+            "ResultHeaders.of (the shared headers once per batch), per result",
+            "workers/stateless/batch_runner.py _succeed",
+            per_batch_us(batch_headers, m, batch),
+        )
+        alternatives.append(
+            (
+                "instead of the two rows above: encode_response per record",
+                "a batch whose results differ in layout, JSON requests",
+                per_call_us(
+                    lambda i: encode_response(requests[i], outputs[i], model_name=MODEL, model_version=model_version), m
                 ),
-                m,
-            ),
+            )
+        )
+        alternatives.append(
+            (
+                "and result_headers per record",
+                "(before issue 22's per-batch encoding)",
+                per_call_us(
+                    lambda i: result_headers(
+                        list(consumed[i].headers),
+                        correlation_id=requests[i].correlation_id,
+                        stage="s",
+                        model_name=MODEL,
+                        model_version=model_version,
+                        content_type=response_type,
+                    ),
+                    m,
+                ),
+            )
         )
         add(
             "OutRecord(...) + slot.output",

@@ -62,17 +62,29 @@ def result_headers(
     too, when the stage has routes or a shadow). Owned
     names are appended at the end; all other headers keep their order and bytes.
     """
-    return h.replace_headers(
-        request_headers,
-        [
-            (h.CONTENT_TYPE, content_type),
-            (h.CORRELATION_ID, correlation_id),
-            (h.PIPELINE_STAGE, stage),
-            (h.MODEL_NAME, model_name),
-            (h.MODEL_VERSION, model_version),
-            *([(h.PIPELINE_ROUTE, route)] if route is not None else []),
-        ],
-    )
+    owned = ResultHeaders(stage=stage, model_name=model_name, model_version=model_version, content_type=content_type, route=route)
+    return owned.of(request_headers, correlation_id)
+
+
+class ResultHeaders:
+    """:func:`result_headers` for the results of one batch (one stage, model, version and
+    content type): the headers they share are encoded once, only each request's own
+    headers and correlation ID per result."""
+
+    def __init__(
+        self, *, stage: str, model_name: str, model_version: str, content_type: str, route: str | None = None
+    ) -> None:
+        route_pair = [(h.PIPELINE_ROUTE, route)] if route is not None else []
+        self._drop = {name.lower() for name in (*_RESULT_OWNED, *(name for name, _ in route_pair))}
+        self._before = h.encode_headers([(h.CONTENT_TYPE, content_type)])
+        self._after = h.encode_headers(
+            [(h.PIPELINE_STAGE, stage), (h.MODEL_NAME, model_name), (h.MODEL_VERSION, model_version), *route_pair]
+        )
+
+    def of(self, request_headers: h.HeaderPairs | None, correlation_id: str) -> h.Headers:
+        drop = self._drop
+        kept: h.Headers = [(k, v) for k, v in request_headers or () if not (isinstance(k, str) and k.lower() in drop)]  # type: ignore[misc]
+        return kept + self._before + [(h.CORRELATION_ID, correlation_id.encode("utf-8"))] + self._after
 
 
 def dead_letter_headers(

@@ -107,8 +107,15 @@ def _processes(args: Sequence[str]) -> int:
     return int(args[args.index("--processes") + 1]) if "--processes" in args else 1
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports listen_ports returned in this process: several workers are given theirs before
+any of them listens (start_runs), so a port free when checked is not proof enough (two
+reference workers were once given 24179 and the second could not bind, CI 2026-11-27)."""
+
+
 def listen_ports(count: int = 1) -> int:
-    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range.
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range,
+    none of them handed out before by this process.
 
     A port the kernel hands out for ``bind(0)`` lies in the ephemeral range, where any
     outgoing connection may take it: a ``--processes`` child restarted onto ``port + i``
@@ -117,12 +124,16 @@ def listen_ports(count: int = 1) -> int:
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
         base = random.randrange(20_000, low - count)
+        ports = range(base, base + count)
+        if _HANDED_OUT.intersection(ports):
+            continue
         try:
-            for port in range(base, base + count):
+            for port in ports:
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                     sock.bind(("127.0.0.1", port))
         except OSError:
             continue
+        _HANDED_OUT.update(ports)
         return base
     raise AssertionError(f"no {count} consecutive free ports between 20000 and {low}")
 

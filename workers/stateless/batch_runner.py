@@ -21,9 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.contract.errors import BadRequest, ErrorClass
-from pipeline.contract.records import result_headers
+from pipeline.contract.headers import Headers
+from pipeline.contract.records import ResultHeaders
 from pipeline.contract.request import InferenceRequest, forward_request
 from pipeline.contract.response import encode_response
+from pipeline.contract.response_batch import CONTENT_TYPE as RESPONSE_TYPE
+from pipeline.contract.response_batch import encode_responses
 from pipeline.failure_policy import Failure, FailureKind, GaveUp, RetryPolicy, call_with_retry
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
@@ -98,8 +101,7 @@ class BatchRunner:
                     self.fail(item, gave_up.failure.error_class, gave_up.failure.reason)
             return
         if output is not None:
-            for item, outputs in zip(live, output.outputs, strict=True):
-                self._succeed(item, outputs, output.model_name, output.model_version, output.route)
+            self._succeed(live, output)
 
     async def _call(self, items: list[Pending]) -> BatchOutput:
         now = time.monotonic()
@@ -122,13 +124,46 @@ class BatchRunner:
         self.metrics.triton_latency.labels(self.io.stage, self.backend.name).observe(time.perf_counter() - started)
         return output
 
-    def _succeed(
-        self, item: Pending, outputs: dict[str, np.ndarray], model: str, version: str, route: str | None = None
+    def _succeed(self, items: list[Pending], output: BatchOutput) -> None:
+        """Each request's result: the stage's result steps and tensor map per request, then
+        the values and headers of the whole batch in one pass where they share a layout
+        (:mod:`pipeline.contract.response_batch`), else request by request."""
+        ready: list[tuple[Pending, dict[str, np.ndarray], dict[str, str]]] = []
+        for item, outputs in zip(items, output.outputs, strict=True):
+            for step in self.results:
+                outputs = step(outputs, item.length)
+            try:
+                tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
+            except BadRequest as bad:
+                self.fail(item, bad.error_class, bad.reason)
+                continue
+            ready.append((item, tensors, datatypes))
+        model, version = output.model_name, output.model_version
+        values = None
+        if not self.io.emit_requests and ready:
+            values = encode_responses(
+                [item.message for item, _, _ in ready], [t for _, t, _ in ready], model_name=model, model_version=version
+            )
+        if values is None:
+            for item, tensors, datatypes in ready:
+                self._succeed_one(item, tensors, datatypes, model, version, output.route)
+            return
+        headers = ResultHeaders(
+            stage=self.io.stage, model_name=model, model_version=version, content_type=RESPONSE_TYPE, route=output.route
+        )
+        for (item, _, _), value in zip(ready, values, strict=True):
+            self._complete(item, value, headers.of(item.record.headers, item.request.correlation_id))
+
+    def _succeed_one(
+        self,
+        item: Pending,
+        tensors: dict[str, np.ndarray],
+        datatypes: dict[str, str],
+        model: str,
+        version: str,
+        route: str | None,
     ) -> None:
-        for step in self.results:
-            outputs = step(outputs, item.length)
         try:
-            tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
             if self.io.emit_requests:
                 value, content_type = forward_request(item.message, tensors, datatypes)
             else:
@@ -138,15 +173,12 @@ class BatchRunner:
         except BadRequest as bad:
             self.fail(item, bad.error_class, bad.reason)
             return
-        headers = result_headers(
-            list(item.record.headers or ()),
-            correlation_id=item.request.correlation_id,
-            stage=self.io.stage,
-            model_name=model,
-            model_version=version,
-            content_type=content_type,
-            route=route,
+        headers = ResultHeaders(
+            stage=self.io.stage, model_name=model, model_version=version, content_type=content_type, route=route
         )
+        self._complete(item, value, headers.of(item.record.headers, item.request.correlation_id))
+
+    def _complete(self, item: Pending, value: bytes, headers: Headers) -> None:
         self.complete(
             item.slot,
             OutRecord(
