@@ -19,10 +19,13 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 from confluent_kafka import Producer
 
+from pipeline.contract.headers import PROTOBUF_RESPONSE
 from pipeline.contract.records import Record, read_claim_check, read_dead_letter
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
 from pipeline.deadletter.claim_check import ClaimCheckStore
+from pipeline.deadletter.oversize import record_size
+from pipeline.kafka.clients import RecordLimits
 from pipeline.settings import S3Settings
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import header
@@ -54,6 +57,25 @@ def _valid(correlation_id: str, features: np.ndarray, pad: int = 0, **headers: b
     record = encode_request({"features": features}, correlation_id=correlation_id, form="json")
     extra = [(name.replace("_", "-"), value) for name, value in headers.items()]
     return Record(record.key, record.value + b" " * pad, [*record.headers, *extra])
+
+
+def _result_just_over(max_record_bytes: int, features: np.ndarray) -> Record:
+    """A protobuf request 20 bytes under ``max_record_bytes`` (the topics' ``max.message.bytes``),
+    by the producer's own size estimate, made large by a header its result carries: the result
+    adds the model's name and version and its own headers (about 40 bytes), so it is over
+    the limit. Apache Kafka refuses a request over ``max.message.bytes`` at the producer (Tansu
+    stores the setting without enforcing it), so the request must fit and only its result
+    not."""
+    base = encode_request({"features": features}, correlation_id="huge-result")
+
+    def sized(n: int) -> Record:
+        return Record(base.key, base.value, [*base.headers, ("app-blob", b"h" * n)])
+
+    target = max_record_bytes - 20
+    n = target - record_size(base.key, base.value, list(base.headers))
+    while record_size(base.key, base.value, list(sized(n).headers)) > target:
+        n -= 1
+    return sized(n)
 
 
 def _json_headers(correlation_id: str) -> list[tuple[str, bytes]]:
@@ -120,16 +142,16 @@ def test_large_valid_request_oversized_request_and_oversized_result(
 ) -> None:
     """With ``max_request_bytes`` = 4 MiB: a 3 MB valid request (and a 1.5 MB header its
     result carries) is answered; 4 MiB + 1 bytes is an oversized-value claim check; a
-    request whose carried header makes its result larger than any topic takes (5 MiB +
-    headroom) is a result-too-large claim check of that result; a valid request after
-    them all is answered."""
+    request whose carried header makes its result larger than any topic takes (4 MiB +
+    1 MiB headroom, the topics' ``max.message.bytes``) is a result-too-large claim check of
+    that result; a valid request after them all is answered."""
     limit = 4 * MiB
     topo = write_topology(tmp_path, partitions=1, stage={"max_request_bytes": limit})
     features = random_features(3, seed=12)
     large = _valid("large", features[0:1], pad=3_000_000, app_blob=b"b" * 1_500_000)
     oversized = json.dumps({"id": "over", "inputs": []}).encode()
     oversized += b" " * (limit + 1 - len(oversized))
-    huge_header = _valid("huge-result", features[1:2], app_blob=b"h" * (6 * MiB))
+    huge_header = _result_just_over(RecordLimits.for_values(limit, dead_letter_max_bytes=MiB).max_record_bytes, features[1:2])
     after = _valid("after", features[2:3])
     assert 3_000_000 < len(large.value) < limit and len(oversized) == limit + 1
     with pipeline_process(topo, cli_env, tmp_path) as worker:
@@ -157,4 +179,4 @@ def test_large_valid_request_oversized_request_and_oversized_result(
     assert check is not None and check.uri is not None
     stored = ClaimCheckStore(s3_settings).get(check.uri)
     _check_claim_check(dead[b"huge-result"], s3_settings, stored, "result-too-large")
-    assert decode_response(stored, [("content-type", b"application/json")]).correlation_id == "huge-result"
+    assert decode_response(stored, [("content-type", PROTOBUF_RESPONSE.encode())]).correlation_id == "huge-result"
