@@ -106,6 +106,31 @@ def kafka_bootstrap(service_log_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def tansu_bootstrap(kafka_bootstrap: str, service_log_dir: Path) -> Iterator[str]:
+    """A Tansu broker: the session's when the suite runs on Tansu, else one of its own.
+
+    For what only a broker that stores records as it is sent them can stage: a batch with a
+    bad CRC (Apache Kafka checks each batch it is sent, ``CORRUPT_MESSAGE``), standing for a
+    batch corrupted after the broker accepted it, and a broker without idempotent producers."""
+    if KafkaSettings().configured or (session_broker() == "tansu" and not _docker_answers()):
+        yield kafka_bootstrap
+        return
+    (service_log_dir / "tansu").mkdir(exist_ok=True)
+    stack = EmbeddedStack(services=("kafka",), log_dir=service_log_dir / "tansu", broker="tansu")
+    stack.start()
+    try:
+        yield str(stack.endpoints.kafka.bootstrap_servers)
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_env(cli_env: dict[str, str], tansu_bootstrap: str) -> dict[str, str]:
+    """:func:`cli_env` pointed at :func:`tansu_bootstrap`."""
+    return {**cli_env, "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": tansu_bootstrap}
+
+
+@pytest.fixture(scope="session")
 def s3_settings(service_log_dir: Path) -> Iterator[S3Settings]:
     """An S3 store whose ``models`` bucket holds ``sample_models/``."""
     external = S3Settings()

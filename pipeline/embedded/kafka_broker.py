@@ -114,6 +114,12 @@ def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode]) -> str:
     the 3 s default only helps a group whose members all start together, and makes every
     test's first poll wait. ``controlled.shutdown.enable=false``: the stack stops all nodes
     at once, and a controlled shutdown would wait for a quorum that is leaving too.
+
+    Two limits of a production broker are relaxed, so that what the project must handle can
+    reach it on this development broker as on Tansu: ``log.message.timestamp.after.max.ms``
+    (Kafka 4's default refuses records stamped more than an hour ahead; before 4.0 there was
+    no limit, and a topic may still raise it) and ``group.min.session.timeout.ms`` (6 s by
+    default; the zombie test freezes a worker past a 3 s session).
     """
     if node not in cluster:
         raise ValueError(f"node {node.node_id} is not in the cluster")
@@ -137,6 +143,8 @@ def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode]) -> str:
         "share.coordinator.state.topic.replication.factor": str(replicas),
         "share.coordinator.state.topic.min.isr": str(min(replicas, 2)),
         "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "1000",
+        "log.message.timestamp.after.max.ms": str((1 << 63) - 1),
         "controlled.shutdown.enable": "false",
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())

@@ -59,12 +59,13 @@ from pipeline.contract.records import read_claim_check, read_dead_letter
 from pipeline.contract.request import decode_request, encode_request
 from pipeline.contract.response import decode_response
 from pipeline.deadletter.claim_check import ClaimCheckStore
-from pipeline.kafka.clients import ensure_topics
+from pipeline.kafka.clients import RecordLimits, ensure_topics
 from pipeline.settings import KafkaSettings, S3Settings
 from tests.helpers import topology_process as tp
 from tests.helpers.dense_reference import mlp_reference, norm_reference, random_features, score_reference
 from tests.helpers.kafka_io import header
 from tests.helpers.raw_records import RawKey, RawRecord, build_batch, produce_raw_batch
+from tests.helpers.record_fill import filled
 from tests.helpers.streams import AUDIO_STAGES, SEQUENCE_STAGE
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
@@ -274,9 +275,11 @@ def _dense_kinds() -> list[Kind]:
         replace(_pb("hd-hdr-2mib"), headers=_with_headers(_pb("hd-hdr-2mib").headers, ("x-big", b"b" * (2 * MiB)))),
         RESULT,
     )
+    fits = _pb("hd-hdr-5mib")
+    record_limit = RecordLimits.for_values(DENSE_LIMIT, dead_letter_max_bytes=MiB).max_record_bytes
     add(
-        "header value of 5 MiB (result over the record limit)",
-        replace(_pb("hd-hdr-5mib"), headers=_with_headers(_pb("hd-hdr-5mib").headers, ("x-big", b"h" * (5 * MiB)))),
+        "header value filling the request to just under the record limit (5 MiB): result over it",
+        replace(fits, headers=filled(fits.key, fits.value, list(fits.headers), "x-big", record_limit)),
         dead("result-too-large", stage="classify"),
     )
     add(
@@ -1751,14 +1754,14 @@ def test_workers_stayed_up_every_output_answers_one_record_and_memory_is_bounded
         assert code == 0, f"{name}: exit code {code} at SIGTERM\n{run.proc.log()}"
 
 
-def test_unreadable_records_among_large_records(kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_unreadable_records_among_large_records(tansu_bootstrap: str, tansu_env: dict[str, str], tmp_path: Path) -> None:
     """Records with a non-UTF-8 header key among 2 MiB requests, all in one partition and
     produced before the worker starts (its first fetch, up to max_record_bytes = 17 MiB here,
     holds them all): one alone behind 6 MiB of requests, one inside a 6 MiB record batch.
     The worker must dead-letter each bad record by position and answer every other one
     (tests/integration/test_unreadable_records.py covers small records only)."""
     topo = tp.write_topology(tmp_path, partitions=1)  # dense_classifier, max_request_bytes 16 MiB
-    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    kafka = KafkaSettings(bootstrap_servers=tansu_bootstrap)
     asyncio.run(ensure_topics(kafka, [topo.input_topic], partitions=1))
 
     def request(seq: int, pad: int = 0) -> RawRecord:
@@ -1781,11 +1784,11 @@ def test_unreadable_records_among_large_records(kafka_bootstrap: str, cli_env: d
 
     async def produce_all() -> None:
         for records in batches:
-            await produce_raw_batch(kafka_bootstrap, TopicPartition(topo.input_topic, 0), build_batch(records))
+            await produce_raw_batch(tansu_bootstrap, TopicPartition(topo.input_topic, 0), build_batch(records))
 
     asyncio.run(produce_all())
-    with tp.pipeline_process(topo, cli_env, tmp_path) as worker:
-        out = tp.collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= 10, timeout=60)
+    with tp.pipeline_process(topo, tansu_env, tmp_path) as worker:
+        out = tp.collect_outputs(tansu_bootstrap, topo, lambda rs: len(rs) >= 10, timeout=60)
         alive = worker.proc is not None and worker.proc.poll() is None
         log = worker.log()
         code = worker.terminate(timeout=60) if alive else worker.proc.returncode if worker.proc else None

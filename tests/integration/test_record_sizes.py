@@ -24,11 +24,11 @@ from pipeline.contract.records import Record, read_claim_check, read_dead_letter
 from pipeline.contract.request import encode_request
 from pipeline.contract.response import decode_response
 from pipeline.deadletter.claim_check import ClaimCheckStore
-from pipeline.deadletter.oversize import record_size
 from pipeline.kafka.clients import RecordLimits
 from pipeline.settings import S3Settings
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import header
+from tests.helpers.record_fill import filled
 from tests.helpers.topology_process import PipelineProcess, collect_outputs, pipeline_process, write_topology
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
@@ -60,22 +60,10 @@ def _valid(correlation_id: str, features: np.ndarray, pad: int = 0, **headers: b
 
 
 def _result_just_over(max_record_bytes: int, features: np.ndarray) -> Record:
-    """A protobuf request 20 bytes under ``max_record_bytes`` (the topics' ``max.message.bytes``),
-    by the producer's own size estimate, made large by a header its result carries: the result
-    adds the model's name and version and its own headers (about 40 bytes), so it is over
-    the limit. Apache Kafka refuses a request over ``max.message.bytes`` at the producer (Tansu
-    stores the setting without enforcing it), so the request must fit and only its result
-    not."""
+    """A protobuf request just under ``max_record_bytes`` (the topics' ``max.message.bytes``)
+    whose result is over it (tests/helpers/record_fill.py)."""
     base = encode_request({"features": features}, correlation_id="huge-result")
-
-    def sized(n: int) -> Record:
-        return Record(base.key, base.value, [*base.headers, ("app-blob", b"h" * n)])
-
-    target = max_record_bytes - 20
-    n = target - record_size(base.key, base.value, list(base.headers))
-    while record_size(base.key, base.value, list(sized(n).headers)) > target:
-        n -= 1
-    return sized(n)
+    return Record(base.key, base.value, filled(base.key, base.value, list(base.headers), "app-blob", max_record_bytes))
 
 
 def _json_headers(correlation_id: str) -> list[tuple[str, bytes]]:

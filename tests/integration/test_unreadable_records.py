@@ -7,6 +7,7 @@ Kafka refuses a bad CRC with CORRUPT_MESSAGE, but may still serve one from a
 damaged disk), between valid requests on three partitions. Everything is produced
 before the worker starts, so its first fetches carry every partition at once
 (the case where a failed ``getmany`` had already drained the others: they are sought back).
+On Tansu (``tansu_bootstrap``: the session's, or one of its own when the suite runs on Apache Kafka).
 """
 
 from __future__ import annotations
@@ -69,14 +70,14 @@ async def _produce_everything(bootstrap: str, topo: TopologyFiles) -> dict[str, 
 
 
 def test_unreadable_records_are_dead_lettered_by_position_and_the_worker_goes_on(
-    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+    tansu_bootstrap: str, tansu_env: dict[str, str], tmp_path: Path
 ) -> None:
     topo = write_topology(tmp_path, partitions=3)  # partition 2: valid records only
-    bad = asyncio.run(_produce_everything(kafka_bootstrap, topo))
+    bad = asyncio.run(_produce_everything(tansu_bootstrap, topo))
     readable = {f"u-{i}" for i in [*range(10), 10, 12, *range(20, 30)]}
 
-    with pipeline_process(topo, cli_env, tmp_path) as worker:
-        out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= len(readable) + 3, timeout=120)
+    with pipeline_process(topo, tansu_env, tmp_path) as worker:
+        out = collect_outputs(tansu_bootstrap, topo, lambda rs: len(rs) >= len(readable) + 3, timeout=120)
         assert worker.metric("pipeline_unreadable_records_total") == 3, worker.log()
         assert worker.proc is not None and worker.proc.poll() is None, worker.log()
         assert worker.get("/readyz")[0] == 200
@@ -103,10 +104,10 @@ def test_unreadable_records_are_dead_lettered_by_position_and_the_worker_goes_on
             assert "CRC" in failure.reason
 
     # A restart meets none of them again: their offsets were committed like any other.
-    asyncio.run(produce(kafka_bootstrap, topo.input_topic, [_request(i) for i in range(30, 35)]))
-    with pipeline_process(topo, cli_env, tmp_path) as again:
+    asyncio.run(produce(tansu_bootstrap, topo.input_topic, [_request(i) for i in range(30, 35)]))
+    with pipeline_process(topo, tansu_env, tmp_path) as again:
         later = collect_outputs(
-            kafka_bootstrap, topo, lambda rs: len(rs) >= len(readable) + 3 + 5, timeout=120
+            tansu_bootstrap, topo, lambda rs: len(rs) >= len(readable) + 3 + 5, timeout=120
         )
         assert again.metric("pipeline_unreadable_records_total") == 0, again.log()
         assert again.terminate(timeout=60) == 0, again.log()
