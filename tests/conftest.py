@@ -97,12 +97,7 @@ def kafka_bootstrap(service_log_dir: Path) -> Iterator[str]:
         with KafkaContainer() as kafka:
             yield kafka.get_bootstrap_server()
         return
-    stack = EmbeddedStack(services=("kafka",), log_dir=service_log_dir, broker=session_broker())
-    stack.start()
-    try:
-        yield str(stack.endpoints.kafka.bootstrap_servers)
-    finally:
-        stack.stop()
+    yield from _embedded_broker(session_broker(), service_log_dir)
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +111,11 @@ def tansu_bootstrap(kafka_bootstrap: str, service_log_dir: Path) -> Iterator[str
         yield kafka_bootstrap
         return
     (service_log_dir / "tansu").mkdir(exist_ok=True)
-    stack = EmbeddedStack(services=("kafka",), log_dir=service_log_dir / "tansu", broker="tansu")
+    yield from _embedded_broker("tansu", service_log_dir / "tansu")
+
+
+def _embedded_broker(broker: Broker, log_dir: Path) -> Iterator[str]:
+    stack = EmbeddedStack(services=("kafka",), log_dir=log_dir, broker=broker)
     stack.start()
     try:
         yield str(stack.endpoints.kafka.bootstrap_servers)
