@@ -10,7 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from pipeline.contract.records import Record
 from pipeline.settings import KafkaSettings
@@ -29,8 +29,10 @@ BURST_PER_MS = 10
 
 async def produce(
     bootstrap: str | KafkaSettings, topic: str, records: Sequence[Record], *, rate: float = 0.0, burst: bool = False
-) -> None:
-    """Send ``records`` (all acknowledged on return); ``rate`` > 0 paces them per second.
+) -> list[RecordMetadata]:
+    """Send ``records`` (all acknowledged on return, their acknowledgements returned in
+    order: partition, offset, and the CreateTime each was stamped with); ``rate`` > 0 paces
+    them per second.
     ``burst``: stamp them as one burst, ``BURST_PER_MS`` per millisecond from now, however
     long the sending takes (a test whose premise is "all produced within a second", in event
     time, must not depend on how busy the machine is)."""
@@ -49,7 +51,7 @@ async def produce(
             pending.append(
                 await producer.send(topic, record.value, key=record.key, headers=record.headers, timestamp_ms=stamp)
             )
-        await asyncio.gather(*pending)
+        return list(await asyncio.gather(*pending))
     finally:
         await producer.stop()
 
