@@ -7,6 +7,7 @@ produce records for us.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -147,6 +148,17 @@ def _parse(message_type: Any, value: bytes) -> Any:
         ) from None
 
 
+@functools.lru_cache(maxsize=256)
+def _layout(name: str, datatype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The checks of a tensor entry that depend on its layout alone (name, datatype, shape),
+    run once per layout: a producer sends the same few over and over (issue 22, decode cost).
+    A failing layout raises each time: the cache keeps only what passed. Bounded, so a
+    stream of distinct layouts evicts, never grows."""
+    check_name(name, "tensor")
+    tensors.numpy_dtype(datatype)
+    return tensors.check_shape(list(shape))
+
+
 def _tensors(
     entries: Sequence[Any], raw_contents: Sequence[bytes], *, duplicate: ErrorClass
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -164,12 +176,14 @@ def _tensors(
     datatypes: dict[str, str] = {}
     raw_iter: Iterable[bytes | None] = raw_contents if raw_contents else [None] * len(entries)
     for entry, raw in zip(entries, raw_iter, strict=True):
-        name = check_name(entry.name, "tensor")
+        name = entry.name
+        # Same checks, same order, same first error as name, duplicate, parameters, datatype,
+        # shape one by one: a name already in ``arrays`` has passed its check.
         ensure_new(name, arrays, duplicate=duplicate)
-        reject_unsupported(entry.parameters, name)
+        if entry.parameters:
+            reject_unsupported(entry.parameters, check_name(name, "tensor"))
         datatype = entry.datatype
-        tensors.numpy_dtype(datatype)
-        shape = tensors.check_shape(list(entry.shape))
+        shape = _layout(name, datatype, tuple(entry.shape))
         if raw is not None:
             if entry.contents.ListFields():
                 raise BadRequest(

@@ -8,6 +8,7 @@ exactly the records that are the producer's fault and crash on its own bugs.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,14 +143,30 @@ def decode_request(
     content_type = index.get(h.CONTENT_TYPE)
     if content_type is None or not content_type.strip():
         raise BadRequest(ErrorClass.MISSING_CONTENT_TYPE, "header 'content-type' is required")
-    form = WireForm.of(content_type)
+    form, media = _form_of(content_type)
     if form is None:
         raise BadRequest(
             ErrorClass.UNSUPPORTED_CONTENT_TYPE, f"content-type {content_type!r} is not supported"
         )
     fields = _header_fields(index)
     payload = (json_form if form is WireForm.JSON else protobuf_form).parse_request(bytes(value))
-    return _build(payload, fields, h.media_type(content_type))
+    return _build(payload, fields, media)
+
+
+def _form_of(content_type: str) -> tuple[WireForm | None, str]:
+    """A content type's wire form and media type, worked out once per distinct header value
+    (a producer repeats one); a long one is never kept (a hostile header can be megabytes)."""
+    if len(content_type) > _CACHED_CONTENT_TYPE_CHARS:
+        return _form_and_media(content_type)
+    return _cached_form_and_media(content_type)
+
+
+def _form_and_media(content_type: str) -> tuple[WireForm | None, str]:
+    return WireForm.of(content_type), h.media_type(content_type)
+
+
+_CACHED_CONTENT_TYPE_CHARS = 256
+_cached_form_and_media = functools.lru_cache(maxsize=64)(_form_and_media)
 
 
 def encode_request(

@@ -692,3 +692,31 @@ def test_protobuf_encoding_is_byte_identical_across_processes() -> None:
         for _ in range(4)
     }
     assert len(outputs) == 1
+
+
+def test_shared_fields_are_every_field_of_a_model_body() -> None:
+    """``ModelBody.shared_fields`` spells its fields out (it runs per request): it must name
+    each dataclass field of ModelBody, so a field added there is not silently dropped."""
+    import dataclasses
+
+    from pipeline.contract.payload import ModelBody
+
+    body = ModelBody(model_name="m", model_version="2", datatypes={"x": "FP32"})
+    assert body.shared_fields() == {f.name: getattr(body, f.name) for f in dataclasses.fields(ModelBody)}
+
+
+def test_a_layout_decoded_again_from_the_cache_gives_the_same_request_and_the_same_errors() -> None:
+    """Decoding caches what depends only on a tensor's layout and the content type: the second
+    decode of a record equals the first, and a refused layout is refused again, the same way."""
+    good = encode_request({"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, correlation_id="c-1")
+    first, again = decode_request(good.value, good.headers), decode_request(good.value, good.headers)
+    assert np.array_equal(first.inputs["x"], again.inputs["x"]) and first.datatypes == again.datatypes
+    message = pb.ModelInferRequest.FromString(good.value)
+    message.inputs[0].datatype = "FP33"
+    bad = message.SerializeToString()
+    refusals = []
+    for _ in range(2):
+        with pytest.raises(BadRequest) as caught:
+            decode_request(bad, good.headers)
+        refusals.append((caught.value.error_class, caught.value.reason))
+    assert refusals[0] == refusals[1] and refusals[0][0] is ErrorClass.DATATYPE_MISMATCH

@@ -323,3 +323,76 @@ def test_encode_decode_round_trips_numeric_arrays(
     if array.dtype.kind == "f":
         numbers = ~np.isnan(array)
         assert np.array_equal(np.signbit(got)[numbers], np.signbit(array)[numbers])
+
+
+def _reference_tensors(entries: Any, raw_contents: Any) -> Any:
+    """protobuf_form._tensors as it was before its layout checks were cached (issue 22): every
+    check on every entry, in this order. The equivalence property below holds the cached
+    version to its outcomes, first error included."""
+    from pipeline.contract import tensors
+    from pipeline.contract.errors import ErrorClass
+    from pipeline.contract.payload import check_name, ensure_new, reject_unsupported
+
+    if raw_contents and len(raw_contents) != len(entries):
+        raise BadRequest(ErrorClass.MALFORMED_REQUEST, "raw count")
+    arrays: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    for entry, raw in zip(entries, raw_contents if raw_contents else [None] * len(entries), strict=True):
+        name = check_name(entry.name, "tensor")
+        ensure_new(name, arrays, duplicate=ErrorClass.DUPLICATE_INPUT)
+        reject_unsupported(entry.parameters, name)
+        datatype = entry.datatype
+        tensors.numpy_dtype(datatype)
+        shape = tensors.check_shape(list(entry.shape))
+        if raw is not None:
+            if entry.contents.ListFields():
+                raise BadRequest(ErrorClass.MALFORMED_REQUEST, f"{name}: both raw and typed contents given")
+            arrays[name] = tensors.from_raw(raw, datatype, shape, name=name)
+        else:
+            arrays[name] = tensors.from_contents(entry.contents, datatype, shape, name=name)
+        datatypes[name] = datatype
+    return arrays, datatypes
+
+
+def _outcome(decode: Any, message: Any) -> Any:
+    try:
+        arrays, datatypes = decode(message.inputs, message.raw_input_contents)
+    except BadRequest as bad:
+        return ("refused", bad.error_class, bad.reason)
+    return ("decoded", {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in arrays.items()}, datatypes)
+
+
+@FUZZ
+@given(data=st.data())
+def test_cached_layout_checks_decode_and_refuse_as_every_check_did(data: st.DataObject) -> None:
+    """Entries of every kind of wrongness, alone and together (bad and repeated names, unknown
+    datatypes, bad shapes, unsupported tensor parameters, raw beside typed contents): the
+    cached layout checks give the reference's outcome, and the same error when they refuse.
+    Each message is decoded twice, so the second decode meets a warm cache."""
+    from pipeline.contract import protobuf_form
+    from pipeline.contract.errors import ErrorClass
+
+    message = pb.ModelInferRequest()
+    raw = data.draw(st.booleans())
+    for _ in range(data.draw(st.integers(1, 3))):
+        entry = message.inputs.add(
+            name=data.draw(st.sampled_from(["a", "b", "", "z" * 300])),
+            datatype=data.draw(st.sampled_from(["FP32", "INT8", "BOOL", "BYTES", "FP33", ""])),
+        )
+        entry.shape.extend(data.draw(st.lists(st.integers(-1, 3) | st.just(2**40), max_size=3)))
+        if data.draw(st.integers(0, 4)) == 0:
+            entry.parameters[data.draw(st.sampled_from(["binary_data_size", "k"]))].int64_param = 1
+        if data.draw(st.integers(0, 4)) == 0:
+            entry.contents.int_contents.append(1)
+        if raw:
+            message.raw_input_contents.append(data.draw(st.binary(max_size=16)))
+
+    def cached(entries: Any, raw_contents: Any) -> Any:
+        return protobuf_form._tensors(entries, raw_contents, duplicate=ErrorClass.DUPLICATE_INPUT)
+
+    expected = _outcome(_reference_tensors, message)
+    got = [_outcome(cached, message) for _ in range(2)]
+    if expected[0] == "refused" and expected[2] == "raw count":
+        assert got[0][:2] == got[1][:2] == expected[:2]
+    else:
+        assert got[0] == got[1] == expected
