@@ -3,11 +3,13 @@
 # (apt) and a virtual environment in .venv with the package in editable mode.
 #
 #   scripts/install.sh          runtime + embedded stack (Kafka broker, S3 store, Triton)
-#                               + DALI (the audio stage of topologies/audio.yaml)
+#                               + DALI (the audio stage of topologies/audio.yaml); Apache Kafka's
+#                               broker jars too wherever Java 17+ and Maven are installed (the
+#                               embedded stack's default broker then; Tansu where they are not)
 #   scripts/install.sh --test   the same plus matplotlib (`pipeline bench --plot`) and the test tools,
-#                               plus the Apache Kafka broker jars (as --kafka)
-#   scripts/install.sh --kafka  also Apache Kafka's broker jars from Maven Central (`pipeline up --broker kafka`);
-#                               needs Java 17+ and Maven (`java`, `mvn`) already installed
+#                               and Apache Kafka's jars are required (as --kafka)
+#   scripts/install.sh --kafka  Apache Kafka's broker jars from Maven Central are required: an error
+#                               without Java 17+ and Maven (`java`, `mvn`) already installed
 #
 # Extras (pyproject.toml): embedded = the local stack, audio = NVIDIA DALI, plot = matplotlib,
 # test = the test tools (faust-streaming included). The core alone is `pip install .`.
@@ -90,4 +92,8 @@ python=${PYTHON:-python3}
 echo "installed into .venv (extras: ${extras})"
 if ((kafka)); then
     install_kafka
+elif command -v java >/dev/null && command -v mvn >/dev/null; then
+    # Not asked for, but this machine can run it: the embedded stack's default broker. A
+    # failure here (no Maven Central, Java too old) leaves Tansu the default, as without Java.
+    (install_kafka) || echo "warning: Apache Kafka's jars were not fetched; the embedded stack runs Tansu" >&2
 fi

@@ -11,7 +11,7 @@ import typer
 from pipeline.cli.announce import Announcer
 from pipeline.cli.app import app
 from pipeline.cli.connection import announce, connection_options, endpoints_text, given
-from pipeline.embedded.stack import EmbeddedStack
+from pipeline.embedded.stack import EmbeddedStack, default_broker
 from pipeline.endpoints import (
     clear_stack_state,
     embedded_allowed,
@@ -58,7 +58,7 @@ def endpoints_for(topology: Topology, say: Announcer) -> tuple[Endpoints, Embedd
         if endpoints.triton.configured:
             resolved.triton = endpoints.triton
         return resolved, None
-    stack = EmbeddedStack()
+    stack = EmbeddedStack(broker=default_broker())
     with say.status("no endpoints configured: starting the embedded stack") as progress:
         stack.start(progress=progress)
     write_stack_state(stack.endpoints.environment(), stack.log_dir)  # `produce`/`consume` find it

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from pipeline.cli.app import app, console
-from pipeline.embedded.stack import EmbeddedStack
+from pipeline.embedded.stack import EmbeddedStack, default_broker
 from pipeline.endpoints import clear_stack_state, read_stack_state, state_file, write_stack_state
 from pipeline.errors import ConfigError, PipelineError
 
@@ -41,10 +41,13 @@ def up(
         None, "--log-dir", help="Where service logs go (default: a fresh temporary folder)."
     ),
     broker: str = typer.Option(
-        "tansu",
+        None,
         "--broker",
-        help="Kafka broker: 'tansu' (small, starts at once) or 'kafka' (Apache Kafka, KRaft; "
-        "idempotence, transactions, replication; needs Java 17 and `scripts/install.sh --kafka`).",
+        help="Kafka broker: 'kafka' (Apache Kafka, KRaft; idempotence, transactions, replication; "
+        "needs Java 17 and its jars, which `scripts/install.sh` fetches where Java and Maven are) or "
+        "'tansu' (small, starts at once). Default: $PIPELINE_EMBEDDED_BROKER, else 'kafka' where it "
+        "is installed, else 'tansu'.",
+        show_default=False,
     ),
     brokers: int = typer.Option(1, "--brokers", min=1, help="Number of Apache Kafka nodes (with --broker kafka)."),
 ) -> None:
@@ -55,6 +58,7 @@ def up(
     """
     if read_stack_state() is not None:
         raise PipelineError(f"an embedded stack is already running (state in {state_file()})")
+    broker = broker or default_broker()
     if broker not in ("tansu", "kafka"):
         raise ConfigError(f"--broker must be 'tansu' or 'kafka', not {broker!r}")
     if brokers > 1 and broker != "kafka":

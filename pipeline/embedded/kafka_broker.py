@@ -70,6 +70,18 @@ def kafka_lib_dir() -> Path:
     return lib
 
 
+def installed() -> bool:
+    """Whether this machine can run the embedded Apache Kafka: a ``java`` to run it and the
+    broker's jars where :func:`kafka_lib_dir` looks (the install script fetches them
+    wherever Java and Maven are present)."""
+    try:
+        kafka_lib_dir()
+        java_binary()
+    except PipelineError:
+        return False
+    return True
+
+
 def java_binary() -> Path:
     """``$JAVA_HOME/bin/java``, else ``java`` on PATH: the broker needs Java 17 or newer."""
     home = os.environ.get("JAVA_HOME")
@@ -307,8 +319,17 @@ class ApacheKafka:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
+READY_PROBE_GROUP = "pipeline-embedded-ready"
+"""A group no one joins: the readiness probe asks its coordinator to describe it."""
+
+
 def cluster_answers(bootstrap_servers: str, expected_brokers: int, timeout: float = 5.0) -> bool:
-    """True when a metadata request lists ``expected_brokers`` brokers.
+    """True when a metadata request lists ``expected_brokers`` brokers and a group coordinator
+    answers. A fresh cluster creates ``__consumer_offsets`` on the first FindCoordinator and
+    answers every group's request with COORDINATOR_NOT_AVAILABLE, then NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS, for about a second (measured: 0.9 s on one node): the
+    stack is ready once that is over, so a first worker's log does not open with aiokafka's
+    coordinator errors.
 
     aiokafka is asynchronous and the stack is started from synchronous code that may itself
     run inside an event loop, so the probe gets a loop of its own on a worker thread."""
@@ -329,6 +350,9 @@ async def _broker_count(bootstrap_servers: str, timeout: float) -> int:
     await admin.start()
     try:
         cluster = await admin.describe_cluster()
+        described = await admin.describe_consumer_groups([READY_PROBE_GROUP])
+        if any(error_code for response in described for error_code, *_ in response.groups):
+            return 0  # the group coordinator is not ready yet
         return len(cluster["brokers"])
     finally:
         await admin.close()

@@ -102,3 +102,33 @@ def test_more_than_one_broker_needs_apache_kafka() -> None:
 
 def test_rss_is_read_from_proc() -> None:
     assert 1 << 20 < rss_bytes(os.getpid()) < 64 << 30
+
+
+def test_the_default_broker_is_apache_kafka_where_installed_else_tansu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pipeline up` and `pipeline run`'s embedded stack: Apache Kafka where Java and its jars
+    are, Tansu where they are not, and $PIPELINE_EMBEDDED_BROKER over both."""
+    from pipeline.embedded import kafka_broker
+    from pipeline.embedded.stack import BROKER_ENV, default_broker
+
+    monkeypatch.delenv(BROKER_ENV, raising=False)
+    jars = tmp_path / "lib"
+    jars.mkdir()
+    (jars / "kafka_2.13-9.9.jar").write_bytes(b"")
+    monkeypatch.setenv(KAFKA_LIB_ENV, str(jars))
+    monkeypatch.setattr(kafka_broker.shutil, "which", lambda name: "/usr/bin/java")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert default_broker() == "kafka"
+    monkeypatch.setattr(kafka_broker.shutil, "which", lambda name: None)  # no Java
+    assert default_broker() == "tansu"
+    monkeypatch.setattr(kafka_broker.shutil, "which", lambda name: "/usr/bin/java")
+    monkeypatch.setenv(KAFKA_LIB_ENV, str(tmp_path / "empty"))  # no jars
+    assert default_broker() == "tansu"
+    monkeypatch.setenv(BROKER_ENV, "kafka")
+    assert default_broker() == "kafka"
+    monkeypatch.setenv(BROKER_ENV, "Tansu")
+    assert default_broker() == "tansu"
+    monkeypatch.setenv(BROKER_ENV, "redpanda")
+    with pytest.raises(ConfigError, match="PIPELINE_EMBEDDED_BROKER='redpanda'"):
+        default_broker()
