@@ -33,6 +33,7 @@ from pipeline.topology.model import (
     StatelessStageConfig,
     Topology,
 )
+from pipeline.triton.replicas import one_server
 from workers.join.stage import JoinSettings, JoinStage
 from workers.runtime.stage_io import StageIO
 from workers.runtime.stream_stage import StreamStage
@@ -41,6 +42,7 @@ from workers.sequence.checkpoints import CheckpointPolicy
 from workers.sequence.postprocess import VadSettings
 from workers.stateless.dali import DaliAudioBackend, DaliSettings
 from workers.stateless.features import FeatureParts
+from workers.stateless.fleet_backend import FleetBackend
 from workers.stateless.padding import Padder
 from workers.stateless.stage import BatchingSettings, BatchingStage
 from workers.stateless.tenancy.stage import TenantBatchingStage
@@ -66,7 +68,7 @@ def build_stateless(ctx: BuildContext, config: Stage, tensor_map: TensorMap | No
     backend, assign_route = stateless_backend(ctx.endpoints.triton, config, ctx.io.stage, ctx.metrics)
     padder = None
     if config.padding is not None:
-        assert isinstance(backend, TritonModelBackend)  # the topology refuses padding with routes
+        assert isinstance(backend, (TritonModelBackend, FleetBackend))  # the topology refuses padding with routes
         model = backend
         padder = Padder(config.padding, config.name, model.model, lambda: model.description)
     parts = FeatureParts(
@@ -111,7 +113,7 @@ def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
         settings,
         state_topic=ctx.topology.state_topic(config.name),
         kafka=ctx.endpoints.kafka,
-        triton=ctx.endpoints.triton,
+        triton=one_server(ctx.endpoints.triton, f"sequence stage {config.name!r}"),
         metrics=ctx.metrics,
     )
 
