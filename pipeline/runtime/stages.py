@@ -33,7 +33,6 @@ from pipeline.topology.model import (
     StatelessStageConfig,
     Topology,
 )
-from pipeline.triton.replicas import one_server
 from workers.join.stage import JoinSettings, JoinStage
 from workers.runtime.stage_io import StageIO
 from workers.runtime.stream_stage import StreamStage
@@ -113,7 +112,7 @@ def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
         settings,
         state_topic=ctx.topology.state_topic(config.name),
         kafka=ctx.endpoints.kafka,
-        triton=one_server(ctx.endpoints.triton, f"sequence stage {config.name!r}"),
+        triton=ctx.endpoints.triton,
         metrics=ctx.metrics,
     )
 

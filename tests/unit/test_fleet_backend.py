@@ -17,9 +17,10 @@ from pipeline.errors import ConfigError
 from pipeline.failure_policy import Failure, FailureKind, RetryPolicy, call_with_retry
 from pipeline.observability.tracing import CallSpan
 from pipeline.settings import TritonSettings
+from pipeline.triton.replica_set import NoReplicaUp
 from pipeline.triton.replicas import ReplicaSpec, one_server, replica_settings, replica_spec
 from workers.stateless.backend import BatchOutput
-from workers.stateless.fleet_backend import FleetBackend, NoReplicaUp
+from workers.stateless.fleet_backend import FleetBackend
 
 OUTAGE = Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, "failed to connect")
 PERMANENT = Failure(FailureKind.PERMANENT, ErrorClass.INFERENCE_FAILED, "bad input")
@@ -142,7 +143,7 @@ async def test_a_replica_s_outage_is_retried_on_another_and_the_replica_comes_ba
         assert [await _served_by(fleet) for _ in range(3)] == ["b:1"] * 3  # a is out
         replicas["a:1"].failing, replicas["a:1"].answers_ready = None, True
         for _ in range(100):
-            if fleet.replicas["a:1"].up:
+            if fleet.replicas.replicas["a:1"].up:
                 break
             await asyncio.sleep(0.01)
         assert {await _served_by(fleet) for _ in range(2)} == {"a:1", "b:1"}
@@ -177,7 +178,7 @@ async def test_a_request_s_own_failure_is_the_replica_s_classification_and_keeps
         with pytest.raises(Exception) as caught:
             await _served_by(fleet)
         assert await fleet.classify(caught.value) == PERMANENT
-        assert fleet.replicas["a:1"].up
+        assert fleet.replicas.replicas["a:1"].up
     finally:
         await fleet.close()
 
@@ -198,14 +199,14 @@ async def test_ready_once_one_replica_is_and_a_replica_that_failed_to_set_up_is_
     fleet = FleetBackend(spec, make, name="m", call_span=CallSpan("infer", remote=True, attributes={}), probe_every_s=0.01)
     await asyncio.wait_for(fleet.setup(), 1)  # slow:1 never finished: ready on fast:1 alone
     try:
-        assert [r.endpoint for r in fleet.replicas.values() if r.up] == ["fast:1"]
+        assert [r.endpoint for r in fleet.replicas.replicas.values() if r.up] == ["fast:1"]
         made["broken:1"].setup_error = None  # its next setup succeeds
         gate.set()
         for _ in range(200):
-            if all(r.up for r in fleet.replicas.values()):
+            if all(r.up for r in fleet.replicas.replicas.values()):
                 break
             await asyncio.sleep(0.01)
-        assert all(r.up for r in fleet.replicas.values())
+        assert all(r.up for r in fleet.replicas.replicas.values())
     finally:
         await fleet.close()
 
@@ -234,11 +235,11 @@ async def test_a_dns_name_s_new_addresses_join_and_vanished_ones_leave(monkeypat
     await fleet.setup()
     try:
         for _ in range(300):
-            if list(fleet.replicas) == ["10.0.0.2:8001"]:
+            if list(fleet.replicas.replicas) == ["10.0.0.2:8001"]:
                 break
             await asyncio.sleep(0.01)
         # 10.0.0.2 joined, then 10.0.0.1 vanished: it left, closed, and 10.0.0.2 answers the checks now
-        assert list(fleet.replicas) == ["10.0.0.2:8001"] and made["10.0.0.1:8001"].closed
+        assert list(fleet.replicas.replicas) == ["10.0.0.2:8001"] and made["10.0.0.1:8001"].closed
         assert {await _served_by(fleet) for _ in range(3)} == {"10.0.0.2:8001"}
         assert fleet.rows(REQUEST) == 1 and fleet.batch_key(REQUEST) == "k"
     finally:
@@ -255,8 +256,8 @@ def test_grpc_url_names_one_server_a_list_or_a_dns_name() -> None:
             replica_spec(bad)
     settings = TritonSettings(grpc_url="a:1,b:1", keepalive_time_ms=1234)
     assert replica_settings(settings, "b:1").grpc_url == "b:1" and replica_settings(settings, "b:1").keepalive_time_ms == 1234
-    with pytest.raises(ConfigError, match="sequence stage 'vad' takes one Triton endpoint"):
-        one_server(settings, "sequence stage 'vad'")
+    with pytest.raises(ConfigError, match="stage 'vad' takes one Triton endpoint"):
+        one_server(settings, "stage 'vad'")
     assert one_server(TritonSettings(grpc_url="a:1"), "x").grpc_url == "a:1"
 
 

@@ -34,6 +34,8 @@ from pipeline.settings import TritonSettings
 from pipeline.triton.admin import ModelDescription, TritonAdmin
 from pipeline.triton.client import aio_client, triton_call_span
 from pipeline.triton.failures import TritonFailureClassifier
+from pipeline.triton.replica_set import NoReplicaUp, Replica, ReplicaSet
+from pipeline.triton.replicas import replica_settings, replica_spec
 from workers.sequence.state import StreamState
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,51 @@ class StreamHandle:
 
     key: bytes
     live_in_triton: bool = False  # Triton holds this stream's state right now
+    replica: str | None = None  # the Triton replica its calls go to (it holds the state)
+
+
+class SequenceChannel:
+    """One Triton replica of a sequence model: its gRPC channel and failure classifier."""
+
+    def __init__(self, settings: TritonSettings, model: str, model_version: str, probe_timeout_s: float) -> None:
+        self.settings, self.model, self.model_version = settings, model, model_version
+        self.probe_timeout_s = probe_timeout_s
+        self.client: triton_aio.InferenceServerClient | None = None
+        self.classifier: TritonFailureClassifier | None = None
+
+    async def setup(self) -> ModelDescription:
+        """Wait until the server is ready; open the channel; the model's description."""
+        with TritonAdmin(self.settings) as admin:
+            await asyncio.to_thread(admin.wait_ready, 120.0)
+            description = await asyncio.to_thread(admin.describe, self.model, self.model_version)
+        self.client = aio_client(self.settings)
+        self.classifier = TritonFailureClassifier(
+            self.client, self.model, self.model_version, probe_timeout_s=self.probe_timeout_s
+        )
+        return description
+
+    async def ready(self) -> bool:
+        """Server and model ready (probed while this replica is out)."""
+        if self.client is None:
+            return False
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=self.probe_timeout_s)) and bool(
+                await self.client.is_model_ready(self.model, self.model_version, client_timeout=self.probe_timeout_s)
+            )
+        except InferenceServerException:
+            return False
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+class SequenceCallFailed(Exception):
+    """A frame's call on one replica failed: carries the replica, whose classifier judges the cause."""
+
+    def __init__(self, replica: Replica[SequenceChannel], cause: Exception) -> None:
+        super().__init__(f"Triton replica {replica.endpoint}: {cause}")
+        self.replica, self.cause = replica, cause
 
 
 class SequenceModel:
@@ -78,8 +125,13 @@ class SequenceModel:
         self.description: ModelDescription | None = None
         self.model_input = ""
         self.frame_size = 0
-        self._client: triton_aio.InferenceServerClient | None = None
-        self._classifier: TritonFailureClassifier | None = None
+        self.replicas: ReplicaSet[SequenceChannel] = ReplicaSet(
+            replica_spec(settings.grpc_url or ""),
+            lambda endpoint: SequenceChannel(replica_settings(settings, endpoint), model, model_version, min(2.0, call_timeout_s)),
+            lambda channel: channel.setup(),
+            label=f"model {model}",
+        )
+        """Triton's replicas; each stream's calls go to one, by key (:meth:`ReplicaSet.by_key`)."""
         self._slots = asyncio.Semaphore(max_inflight)
         self.owner = secrets.token_bytes(8)
         """Salts this worker's sequence ids (:func:`sequence_id`): a stream that moves to
@@ -89,19 +141,25 @@ class SequenceModel:
         self._call_span = triton_call_span(settings, model, model_version)
 
     async def _classify(self, exc: BaseException) -> Failure:
-        if _forgot_sequence(exc):
+        if isinstance(exc, NoReplicaUp):
+            return Failure(FailureKind.OUTAGE, ErrorClass.MODEL_UNAVAILABLE, str(exc))
+        replica, cause = (exc.replica, exc.cause) if isinstance(exc, SequenceCallFailed) else (self.replicas.first, exc)
+        if _forgot_sequence(cause):
             # The stream is already marked not live: the retry sends START with the checkpointed
             # state, exactly as after a worker restart (docs/streaming.md).
             reason = "Triton no longer holds the sequence; resumed with START and the checkpointed state"
             return Failure(FailureKind.TRANSIENT, ErrorClass.INFERENCE_FAILED, reason)
-        assert self._classifier is not None
-        return await self._classifier.classify(exc)
+        assert replica is not None and replica.member.classifier is not None
+        # A replica's outage moves its streams to another while one is up (ReplicaSet.failed).
+        return self.replicas.failed(replica, await replica.member.classifier.classify(cause))
 
     async def setup(self, label: str) -> ModelDescription:
-        """Describe the model and check it can serve streams; returns its description."""
-        with TritonAdmin(self.settings) as admin:
-            await asyncio.to_thread(admin.wait_ready, 120.0)
-            d = await asyncio.to_thread(admin.describe, self.model, self.model_version)
+        """Reach Triton (the first replica that answers), describe the model and check it can
+        serve streams; returns its description."""
+        first = await self.replicas.start()
+        d = first.setup_result
+        assert isinstance(d, ModelDescription)
+        self._call_span = triton_call_span(first.member.settings, self.model, self.model_version)
         if d.sequence_batching is None:
             raise ConfigError(f"stage {label}: model {d.name!r} has no sequence_batching")
         required = [s for s in d.inputs if not s.optional]
@@ -113,16 +171,10 @@ class SequenceModel:
             d.input(state_input)
             d.output(state_output)
         self.description, self.model_input, self.frame_size = d, name, spec.shape[0]
-        assert self.settings.grpc_url
-        self._client = aio_client(self.settings)
-        self._classifier = TritonFailureClassifier(
-            self._client, self.model, self.model_version, probe_timeout_s=min(2.0, self.call_timeout_s)
-        )
         return d
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        await self.replicas.close()
 
     @property
     def result_outputs(self) -> list[str]:
@@ -150,12 +202,17 @@ class SequenceModel:
         state inputs when Triton does not hold the stream and ``resuming`` is true
         (the stream has frames before this one). With tracing on, each call is a span,
         child of ``traced`` (the chunk's span). Raises :class:`GaveUp`."""
-        assert self._client is not None and self._classifier is not None and self.description is not None
-        client, outputs = self._client, [InferRequestedOutput(o.name) for o in self.description.outputs]
+        assert self.description is not None
+        outputs = [InferRequestedOutput(o.name) for o in self.description.outputs]
 
         async def attempt() -> dict[str, np.ndarray]:
             if self.admit is not None:
                 await self.admit()
+            replica = self.replicas.by_key(stream.key)
+            if stream.replica != replica.endpoint:  # a new stream, or its replica left: START there with its state
+                stream.live_in_triton, stream.replica = False, replica.endpoint
+            client = replica.member.client
+            assert client is not None
             start = not stream.live_in_triton
             inputs = [_tensor(self.model_input, window)]
             if start and resuming:
@@ -176,8 +233,11 @@ class SequenceModel:
                             client_timeout=self.call_timeout_s,
                             headers=grpc_metadata(),
                         )
-            except BaseException:
+            except Exception as exc:
                 stream.live_in_triton = False  # whatever happened, resume with explicit state
+                raise SequenceCallFailed(replica, exc) from exc
+            except BaseException:
+                stream.live_in_triton = False
                 raise
             stream.live_in_triton = not end
             assert self.description is not None
