@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
+from pipeline.errors import ConfigError
 from pipeline.failure_policy import Failure, FailureKind
 from pipeline.triton.replicas import ReplicaSpec
 
@@ -90,6 +91,8 @@ class ReplicaSet(Generic[M]):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> Replica[M]:
         """Set every replica up; returns once one is (the first), raising when none can be."""
+        if not self.spec.endpoints and not self.spec.dns_names:
+            raise ConfigError("no Triton endpoint configured: set PIPELINE_TRITON_GRPC_URL")
         endpoints = await self.spec.resolve()
         if not endpoints:
             raise NoReplicaUp(f"{self.label}: no Triton replica: {self.spec} resolves to nothing")

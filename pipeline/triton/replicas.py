@@ -54,8 +54,11 @@ class ReplicaSpec:
 
 
 def replica_spec(grpc_url: str) -> ReplicaSpec:
-    """Parse a ``grpc_url``: comma-separated endpoints and ``dns:///name:port`` entries."""
+    """Parse a ``grpc_url``: comma-separated endpoints and ``dns:///name:port`` entries (none
+    when it is empty: the endpoint is not configured, which setting up says)."""
     endpoints: list[str] = []
+    if not grpc_url.strip():
+        return ReplicaSpec((), ())
     names: list[tuple[str, int]] = []
     for entry in (part.strip() for part in grpc_url.split(",")):
         if not entry:

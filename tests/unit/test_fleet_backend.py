@@ -211,10 +211,19 @@ async def test_ready_once_one_replica_is_and_a_replica_that_failed_to_set_up_is_
         await fleet.close()
 
 
-async def test_every_replica_failing_to_set_up_fails_setup() -> None:
-    fleet, _ = _fleet([])
-    with pytest.raises(NoReplicaUp):
+async def test_every_replica_failing_to_set_up_fails_setup_and_none_configured_says_so() -> None:
+    def broken(endpoint: str) -> FakeReplica:
+        replica = FakeReplica(endpoint)
+        replica.setup_error = ConnectionError("refused")
+        return replica
+
+    span = CallSpan("infer", remote=True, attributes={})
+    fleet = FleetBackend(ReplicaSpec(("a:1", "b:1"), ()), broken, name="m", call_span=span)  # type: ignore[arg-type]
+    with pytest.raises(NoReplicaUp, match="no Triton replica could be set up"):
         await fleet.setup()
+    await fleet.close()
+    with pytest.raises(ConfigError, match="no Triton endpoint configured"):
+        await FleetBackend(replica_spec(""), broken, name="m", call_span=span).setup()  # type: ignore[arg-type]
 
 
 async def test_a_dns_name_s_new_addresses_join_and_vanished_ones_leave(monkeypatch: pytest.MonkeyPatch) -> None:
