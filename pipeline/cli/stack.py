@@ -50,6 +50,9 @@ def up(
         show_default=False,
     ),
     brokers: int = typer.Option(1, "--brokers", min=1, help="Number of Apache Kafka nodes (with --broker kafka)."),
+    tritons: int = typer.Option(
+        1, "--tritons", min=1, help="Number of Triton servers on the one model store (the stages spread over them)."
+    ),
 ) -> None:
     """Start the embedded stack (Kafka broker, S3 model store, Triton) in the foreground.
 
@@ -64,7 +67,11 @@ def up(
     if brokers > 1 and broker != "kafka":
         raise ConfigError("--brokers N needs --broker kafka (Tansu runs one node)")
     stack = EmbeddedStack(
-        model_repository=models, log_dir=log_dir, broker="kafka" if broker == "kafka" else "tansu", brokers=brokers
+        model_repository=models,
+        log_dir=log_dir,
+        broker="kafka" if broker == "kafka" else "tansu",
+        brokers=brokers,
+        tritons=tritons,
     )
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()

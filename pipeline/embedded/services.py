@@ -196,6 +196,7 @@ def triton_process(
     s3_env: dict[str, str],
     tls: TlsFiles | None = None,
     extra_args: Sequence[str] = (),
+    name: str = "triton",
 ) -> SupervisedProcess:
     """Triton serving ``model_repository`` (an ``s3://`` URL) with explicit model control.
 
@@ -212,7 +213,7 @@ def triton_process(
         p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p
     )
     return SupervisedProcess(
-        name="triton",
+        name=name,
         argv=[
             str(binary),
             f"--model-repository={model_repository}",

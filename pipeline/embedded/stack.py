@@ -111,6 +111,7 @@ class EmbeddedStack:
         broker_bucket: str | None = None,
         broker: Broker = "tansu",
         brokers: int = 1,
+        tritons: int = 1,
     ) -> None:
         if broker not in ("tansu", "kafka"):
             raise ValueError(f"unknown broker {broker!r}: 'tansu' or 'kafka'")
@@ -118,7 +119,12 @@ class EmbeddedStack:
             raise ConfigError("more than one broker needs broker='kafka' (Tansu runs one node)")
         if broker == "kafka" and broker_storage == "s3":
             raise ConfigError("Apache Kafka keeps its log on local disk: broker_storage='s3' is for Tansu")
-        self.broker, self.brokers = broker, brokers
+        if tritons < 1:
+            raise ConfigError(f"tritons must be at least 1, not {tritons}")
+        self.broker, self.brokers, self.tritons = broker, brokers, tritons
+        self.triton_replicas: list[TritonSettings] = []
+        """Each Triton server's own endpoints; ``endpoints.triton.grpc_url`` lists them all
+        (comma-separated), which is how a stage spreads over them."""
         self.kafka: ApacheKafka | None = None
         unknown = set(services) - {"kafka", "s3", "triton"}
         if unknown:
@@ -164,8 +170,9 @@ class EmbeddedStack:
                 say(f"starting Kafka-protocol broker (Tansu, log in {self.broker_storage})")
                 self._start_broker()
             if "triton" in self.services:
-                say("starting Triton Inference Server (models from S3)")
-                self._start_triton()
+                for index in range(self.tritons):
+                    say(f"starting Triton Inference Server {index + 1} of {self.tritons} (models from S3)")
+                    self._start_triton(index)
         except BaseException:
             self.stop()
             raise
@@ -206,7 +213,8 @@ class EmbeddedStack:
         store.ensure_bucket()
         store.push(scan_repository(self.model_repository))
 
-    def _start_triton(self) -> None:
+    def _start_triton(self, index: int = 0) -> None:
+        """One more Triton on the same store: ``triton``, then ``triton-2``, ``triton-3``..."""
         ports = TritonPorts(http=free_port(), grpc=free_port(), metrics=free_port())
         s3 = self.endpoints.s3
         self._run(
@@ -218,17 +226,29 @@ class EmbeddedStack:
                 s3_environment(s3),
                 self.triton_tls,
                 self.triton_args,
+                name="triton" if index == 0 else f"triton-{index + 1}",
             )
         )
         # This server's own TLS settings, whatever PIPELINE_TRITON_SSL_* says.
         tls = self.triton_tls
+        replica = TritonSettings(
+            grpc_url=f"{'grpcs://' if tls else ''}{LOCALHOST}:{ports.grpc}",
+            http_url=f"{LOCALHOST}:{ports.http}",
+            metrics_url=f"http://{LOCALHOST}:{ports.metrics}/metrics",
+            ssl=False,
+            ssl_root_cert=tls.ca_cert if tls else None,
+            ssl_client_key=None,
+            ssl_client_cert=None,
+        )
+        self.triton_replicas.append(replica)
+        # The stack's Triton: every replica's gRPC endpoint; the first one's HTTP and metrics.
+        first = self.triton_replicas[0]
         triton = self.endpoints.triton
-        triton.grpc_url = f"{'grpcs://' if tls else ''}{LOCALHOST}:{ports.grpc}"
+        triton.grpc_url = ",".join(str(r.grpc_url) for r in self.triton_replicas)
         triton.ssl = False
         triton.ssl_root_cert = tls.ca_cert if tls else None
         triton.ssl_client_key = triton.ssl_client_cert = None
-        self.endpoints.triton.http_url = f"{LOCALHOST}:{ports.http}"
-        self.endpoints.triton.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
+        triton.http_url, triton.metrics_url = first.http_url, first.metrics_url
 
     def process(self, name: str) -> SupervisedProcess:
         """The running service called ``name`` (``kafka-broker``, ``s3``, ``triton``)."""

@@ -90,6 +90,11 @@ def _connection(settings: TritonSettings) -> tuple[str, grpc.ChannelCredentials 
     """(``host:port``, TLS credentials or None for plaintext), checked."""
     if not settings.grpc_url:
         raise ConfigError("no Triton endpoint configured: set PIPELINE_TRITON_GRPC_URL")
+    if "," in settings.grpc_url or settings.grpc_url.strip().startswith("dns:///"):
+        raise ConfigError(
+            f"Triton URL {settings.grpc_url!r} names several replicas and this talks to one server: "
+            "give it one of them (the stages spread over all of them)"
+        )
     target, scheme_tls = grpc_target(settings.grpc_url)
     if not target:
         raise ConfigError(f"Triton URL {settings.grpc_url!r} has no host:port")

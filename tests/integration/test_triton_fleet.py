@@ -1,5 +1,6 @@
 """Stages on two Triton replicas (issue 27): two Tritons of this module's own, both loading
-the session's model store, named together in ``PIPELINE_TRITON_GRPC_URL`` (``a:port,b:port``).
+the session's model store (``EmbeddedStack(tritons=2)``, as `pipeline up --tritons 2`), named
+together in ``PIPELINE_TRITON_GRPC_URL`` (``a:port,b:port``).
 
 - Stateless (the dense_classifier workload, 400 one-row requests): every batch goes to the
   least busy replica that is up (workers/stateless/fleet_backend.py), so both serve, each
@@ -24,7 +25,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.embedded.stack import EmbeddedStack
 from pipeline.settings import S3Settings, TritonSettings
+from pipeline.triton.admin import TritonAdmin
 from tests.helpers.fault_compare import RunOutputs, compare
 from tests.helpers.fault_workloads import (
     Workload,
@@ -36,7 +39,7 @@ from tests.helpers.fault_workloads import (
     stateless,
 )
 from tests.helpers.figures import report
-from tests.helpers.own_triton import OwnTriton, start_own_triton
+from tests.helpers.own_triton import OwnTriton
 from tests.helpers.streams import assert_stream_matches, expected, gather
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
@@ -46,11 +49,16 @@ Pair = tuple[OwnTriton, OwnTriton]
 
 @pytest.fixture(scope="module")
 def pair(s3_settings: S3Settings, cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    with (
-        start_own_triton(s3_settings, cli_env, tmp_path_factory.mktemp("replica-a")) as a,
-        start_own_triton(s3_settings, cli_env, tmp_path_factory.mktemp("replica-b")) as b,
-    ):
-        yield a, b
+    """Two Tritons on the session's store, started as `pipeline up --tritons 2` starts them."""
+    with EmbeddedStack(services=("triton",), s3=s3_settings, tritons=2, log_dir=tmp_path_factory.mktemp("replicas")) as stack:
+        assert stack.endpoints.triton.grpc_url == ",".join(str(r.grpc_url) for r in stack.triton_replicas)
+        replicas = []
+        for name, settings in zip(("triton", "triton-2"), stack.triton_replicas, strict=True):
+            with TritonAdmin(settings) as admin:
+                models = frozenset(e.name for e in admin.repository_index() if e.state == "READY")
+            env = dict(cli_env, PIPELINE_TRITON_GRPC_URL=str(settings.grpc_url))
+            replicas.append(OwnTriton(stack.process(name), env, settings, models))
+        yield replicas[0], replicas[1]
 
 
 @pytest.fixture(scope="module")

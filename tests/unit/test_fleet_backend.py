@@ -273,3 +273,17 @@ def test_grpc_url_names_one_server_a_list_or_a_dns_name() -> None:
 async def test_a_dns_name_resolves_to_its_addresses() -> None:
     endpoints = await replica_spec("dns:///localhost:8001,other:9").resolve()
     assert endpoints[0] == "other:9" and set(endpoints[1:]) <= {"127.0.0.1:8001", "[::1]:8001"} and len(endpoints) > 1
+
+
+def test_a_one_server_client_refuses_a_list_and_the_stack_needs_a_triton() -> None:
+    """The CLI's admin calls (models, validate) talk to one server: a list is a one-line
+    error naming it, not a connection to the host 'a:1,b'."""
+    from pipeline.embedded.stack import EmbeddedStack
+    from pipeline.triton.client import sync_client
+
+    with pytest.raises(ConfigError, match="names several replicas"):
+        sync_client(TritonSettings(grpc_url="a:1,b:1"))
+    with pytest.raises(ConfigError, match="names several replicas"):
+        sync_client(TritonSettings(grpc_url="dns:///triton:8001"))
+    with pytest.raises(ConfigError, match="tritons must be at least 1"):
+        EmbeddedStack(tritons=0)
