@@ -56,7 +56,17 @@ def k8s(
     ] = TRITON_IMAGE,
     triton_url: Annotated[str | None, typer.Option(help="Use an existing Triton (host:port) instead of generating one.")] = None,
     triton_gpus: Annotated[int, typer.Option(help="GPUs Triton requests (nvidia.com/gpu); 0 = CPU.")] = 0,
-    triton_replicas: Annotated[int, typer.Option(help="Triton pods.")] = _defaults.triton_replicas,
+    triton_replicas: Annotated[int, typer.Option(help="Triton pods (the least, with --triton-max-replicas).")] = _defaults.triton_replicas,
+    triton_max_replicas: Annotated[
+        int | None,
+        typer.Option(help="Autoscale Triton up to this many pods on its queue time per request (KEDA, Prometheus)."),
+    ] = None,
+    triton_queue_target_us: Annotated[
+        int, typer.Option(help="Queue time per request (µs) Triton's autoscaling aims at.")
+    ] = _defaults.triton_queue_target_us,
+    prometheus_url: Annotated[
+        str, typer.Option(help="Prometheus KEDA asks for Triton's queue time.")
+    ] = _defaults.prometheus_url,
     triton_node_selector: Annotated[
         list[str] | None,
         typer.Option(help="Node label KEY=VALUE a GPU Triton must run on; repeatable."),

@@ -147,12 +147,14 @@ def stateful_set(name: str, labels: dict[str, str], selector: dict[str, str], po
 
 
 def service(name: str, labels: dict[str, str], selector: dict[str, str], ports: list[Manifest], *,
-            headless: bool = False) -> Manifest:
+            headless: bool = False, ready_only: bool = False) -> Manifest:
+    """A Service; ``headless``: its name resolves to the pods' own addresses, unready ones too
+    unless ``ready_only`` (a client that picks among them wants only those that serve)."""
     spec: Manifest = {"selector": selector, "ports": ports}
     if headless:
         # Prometheus scrapes every pod; unready ones too, since a stalled worker's metrics
         # (the oldest unfinished record's age) are exactly what explains the stall.
-        spec.update(clusterIP="None", publishNotReadyAddresses=True)
+        spec.update(clusterIP="None", publishNotReadyAddresses=not ready_only)
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(name, labels), "spec": spec}
 
 

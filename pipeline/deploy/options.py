@@ -100,6 +100,14 @@ class DeployOptions:
     triton_url: str | None = None
     """An existing Triton (``host:port``): no Triton objects are generated."""
     triton_replicas: int = 1
+    triton_max_replicas: int | None = None
+    """Autoscale Triton from ``triton_replicas`` up to this many pods (a KEDA ScaledObject on
+    Triton's own queue time per request, from Prometheus); None: a fixed ``triton_replicas``."""
+    triton_queue_target_us: int = 50_000
+    """The queue time per request (µs, ``nv_inference_queue_duration_us`` over
+    ``nv_inference_request_success``) Triton's autoscaling holds Triton to."""
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    """Where KEDA queries Triton's metrics (the Prometheus that scrapes its ServiceMonitor)."""
     triton_resources: Resources = field(
         default_factory=lambda: Resources(cpu_request="1", memory_request="2Gi", memory_limit="4Gi")
     )
@@ -134,6 +142,11 @@ class DeployOptions:
     prestop_s: int = 5
     """Pause before SIGTERM, so the pod leaves its Services' endpoints before it stops."""
 
+    @property
+    def triton_fleet(self) -> bool:
+        """Whether Triton may run more than one pod (the workers then reach every pod)."""
+        return max(self.triton_replicas, self.triton_max_replicas or 0) > 1
+
     def s3(self) -> S3Settings:
         """The model store these options name, built from them alone: ``model_construct`` reads
         no environment variable, so keys in the generating shell never reach a manifest."""
@@ -151,6 +164,9 @@ class DeployOptions:
             (1 <= self.http_port <= 65535, f"--http-port must be a port number, not {self.http_port}"),
             (self.prestop_s >= 0, f"--prestop-seconds must be 0 or more, not {self.prestop_s}"),
             (self.triton_replicas >= 1, "--triton-replicas must be 1 or more"),
+            (self.triton_max_replicas is None or self.triton_max_replicas >= self.triton_replicas,
+             f"--triton-max-replicas ({self.triton_max_replicas}) is below --triton-replicas ({self.triton_replicas})"),
+            (self.triton_queue_target_us >= 1, "--triton-queue-target-us must be 1 or more"),
             (min(self.stage_resources.gpus, self.triton_resources.gpus) >= 0, "GPU counts must be 0 or more"),
         ]
         for ok, message in checks:

@@ -1,5 +1,9 @@
 """Triton Inference Server as a Deployment loading its model repository from the S3 store.
 
+With ``--triton-replicas`` above 1, a headless Service beside the normal one lists the ready
+pods, and the workers' ``PIPELINE_TRITON_GRPC_URL`` names it (``dns:///``): stateless stages
+spread their batches over the pods, sequence stages pin each stream to one (issue 27).
+
 As in ``docker-compose.yaml``: explicit model control with every model loaded at start, strict
 readiness, S3 keys of Triton's own read-only identity from its Secret. Whoever reaches Triton's
 API can load code (docs/security.md), so its Service exposes gRPC (workers) and metrics only,
@@ -28,8 +32,18 @@ def triton_name(ctx: k8s.DeployContext) -> str:
     return resource_name(ctx.topology.name, TRITON)
 
 
+def replicas_name(ctx: k8s.DeployContext) -> str:
+    """The headless Service whose name resolves to every ready Triton pod."""
+    return resource_name(ctx.topology.name, TRITON, "replicas")
+
+
 def triton_grpc_url(ctx: k8s.DeployContext) -> str:
-    """Where the workers reach the generated Triton: its Service's gRPC port."""
+    """Where the workers reach the generated Triton: its Service's gRPC port, or with several
+    replicas every ready pod through the headless Service (``dns:///``, resolved again every
+    30 s): one long-lived HTTP/2 channel to the Service would stick to one pod, so the
+    workers keep a channel per pod (pipeline/triton/replicas.py)."""
+    if ctx.options.triton_fleet:
+        return f"dns:///{replicas_name(ctx)}:{GRPC_PORT}"
     return f"{triton_name(ctx)}:{GRPC_PORT}"
 
 
@@ -51,7 +65,7 @@ def triton_objects(ctx: k8s.DeployContext) -> list[k8s.Manifest]:
             name, labels, selector, _pod(ctx), ctx.options.triton_replicas,
             surge=ctx.options.triton_resources.gpus == 0,
         ),
-        k8s.service(name, labels, selector, ports),
+        k8s.service(name, labels, selector, ports),  # other clients: one address
         k8s.network_policy(
             name,
             labels,
@@ -63,9 +77,53 @@ def triton_objects(ctx: k8s.DeployContext) -> list[k8s.Manifest]:
             ],
         ),
     ]
+    if ctx.options.triton_fleet:
+        grpc = [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}]
+        objects.append(k8s.service(replicas_name(ctx), labels, selector, grpc, headless=True, ready_only=True))
+    if ctx.options.triton_max_replicas is not None:
+        objects.append(triton_scaled_object(ctx, name, labels))
     if ctx.options.service_monitor:
         objects.append(k8s.service_monitor(name, labels, selector))
     return objects
+
+
+QUEUE_TIME_PER_REQUEST_US = (
+    'sum(rate(nv_inference_queue_duration_us{{service="{service}"}}[2m])) '
+    '/ clamp_min(sum(rate(nv_inference_request_success{{service="{service}"}}[2m])), 1)'
+)
+"""Triton's mean queue time per request over its pods (µs): what one more pod shortens, where
+its request rate alone would say nothing about whether the pods keep up."""
+
+
+def triton_scaled_object(ctx: k8s.DeployContext, name: str, labels: dict[str, str]) -> k8s.Manifest:
+    """KEDA scales Triton's Deployment (through an HPA it creates) on its queue time per
+    request, read from Prometheus (the ServiceMonitor's scrape labels each series with the
+    Service). Scale-down waits five minutes: a pod leaving moves the sequences pinned to it."""
+    options = ctx.options
+    query = QUEUE_TIME_PER_REQUEST_US.format(service=name)
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": k8s.metadata(name, labels),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicaCount": options.triton_replicas,
+            "maxReplicaCount": options.triton_max_replicas,
+            "pollingInterval": 15,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}},
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metricType": "Value",
+                    "metadata": {
+                        "serverAddress": options.prometheus_url,
+                        "query": query,
+                        "threshold": str(options.triton_queue_target_us),
+                    },
+                }
+            ],
+        },
+    }
 
 
 def _pod(ctx: k8s.DeployContext) -> k8s.Manifest:

@@ -494,3 +494,45 @@ def test_the_command_line_checks_quantities_and_writes_strimzi_topics(tmp_path: 
     (triton,) = [d for d in yaml.safe_load_all((tmp_path / "k8s" / "deployments.yaml").read_text())
                  if d["metadata"]["labels"]["app.kubernetes.io/name"] == "triton"]
     assert triton["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "yes"}
+
+
+def test_several_triton_replicas_are_reached_through_a_headless_service(tmp_path: Path) -> None:
+    """--triton-replicas 3: the Deployment runs three pods; a headless Service beside the
+    normal one lists the ready ones, and the workers are pointed at its name (dns:///), which
+    the stages resolve to a channel per pod (one channel to the Service sticks to one pod)."""
+    from pipeline.triton.replicas import replica_spec
+
+    fleet = render(REPO / "topologies" / "audio.yaml", tmp_path, DeployOptions(triton_replicas=3))
+    (triton,) = fleet.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    assert triton["spec"]["replicas"] == 3
+    name = triton["metadata"]["name"]
+    headless = fleet.named("Service", f"{name}-replicas")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is False
+    assert headless["spec"]["selector"] == fleet.named("Service", name)["spec"]["selector"]
+    assert [p["port"] for p in headless["spec"]["ports"]] == [8001]
+    assert kubernetes_validate.validate(headless, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+    url = fleet.config_map(fleet.bundle.context.endpoints_config)["data"]["PIPELINE_TRITON_GRPC_URL"]
+    assert url == f"dns:///{name}-replicas:8001"
+    assert replica_spec(url).dns_names == ((f"{name}-replicas", 8001),)
+    single = render(REPO / "topologies" / "audio.yaml", tmp_path / "one", DeployOptions())
+    assert not [s for s in single.of("Service") if s["metadata"]["name"].endswith("-replicas")]
+
+
+def test_triton_autoscales_on_its_queue_time_per_request(tmp_path: Path) -> None:
+    """--triton-max-replicas: a KEDA ScaledObject (KEDA's documented schema) scales Triton's
+    Deployment from --triton-replicas on Prometheus's mean queue time per request of this
+    Triton's Service; the workers reach every pod through the headless Service."""
+    options = DeployOptions(triton_replicas=1, triton_max_replicas=4, triton_queue_target_us=20_000)
+    scaled = render(REPO / "topologies" / "dense.yaml", tmp_path, options)
+    (triton,) = scaled.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    name = triton["metadata"]["name"]
+    (scaler,) = [o for o in scaled.of("ScaledObject") if o["spec"]["scaleTargetRef"]["name"] == name]
+    jsonschema.validate(scaler, SCALED_OBJECT, cls=jsonschema.Draft202012Validator)
+    assert (scaler["spec"]["minReplicaCount"], scaler["spec"]["maxReplicaCount"]) == (1, 4)
+    (trigger,) = scaler["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "20000"
+    assert f'nv_inference_queue_duration_us{{service="{name}"}}' in trigger["metadata"]["query"]
+    url = scaled.config_map(scaled.bundle.context.endpoints_config)["data"]["PIPELINE_TRITON_GRPC_URL"]
+    assert url == f"dns:///{name}-replicas:8001"
+    with pytest.raises(ConfigError, match="--triton-max-replicas"):
+        DeployOptions(triton_replicas=3, triton_max_replicas=2)
