@@ -25,6 +25,7 @@ from pipeline.kafka import continuity
 from pipeline.modelstore.repository import scan_repository
 from pipeline.modelstore.store import ModelStore
 from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettings
+from tests.helpers.brokers import session_broker
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_MODELS = REPO_ROOT / "sample_models"
@@ -58,22 +59,6 @@ def _docker_answers() -> bool:
     return True
 
 
-BROKER_SWITCH = "PIPELINE_TEST_BROKER"
-"""Which embedded broker serves the session's stack: ``kafka`` (default: Apache Kafka, from the
-jars scripts/install.sh --test resolves) or ``tansu``, the embedded stack's fallback where there
-is no Java, which the suite also passes on (issue 25 item 5: the default since stop 26, after
-the whole suite had passed on each). Tests that start brokers of their own choose them
-themselves: Tansu where only it can stage the fault (:func:`tansu_bootstrap`, tests/helpers/own_broker.py)."""
-
-
-_BROKERS: dict[str, Broker] = {"tansu": "tansu", "kafka": "kafka"}
-
-
-def session_broker() -> Broker:
-    chosen = os.environ.get(BROKER_SWITCH, "kafka")
-    if chosen not in _BROKERS:
-        raise pytest.UsageError(f"{BROKER_SWITCH}={chosen!r}: expected 'tansu' or 'kafka'")
-    return _BROKERS[chosen]
 
 
 @pytest.fixture(scope="session")

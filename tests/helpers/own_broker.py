@@ -1,6 +1,8 @@
 """A Kafka-protocol broker of one test's own, for tests that crash, restart or freeze it.
 
-The session's broker is never touched: other tests go on using it.
+The session's broker is never touched: other tests go on using it. Apache Kafka keeps its log
+on its own disk, so a kill -9 and a restart on the same ports find every acknowledged record
+and committed offset there, as in production.
 
 With ``log_store`` (an S3 store), Tansu keeps its log in a fresh bucket there (its
 ``s3://`` engine), so a broker killed with SIGKILL and started again on the same port has
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.embedded.process import SupervisedProcess
-from pipeline.embedded.stack import EmbeddedStack
+from pipeline.embedded.stack import Broker, EmbeddedStack
 from pipeline.settings import S3Settings
 
 S3_ENGINE_FETCH_MAX_WAIT_MS = 1000
@@ -46,10 +48,18 @@ class OwnBroker:
 
 
 @contextlib.contextmanager
-def start_own_broker(env: dict[str, str], log_dir: Path, *, log_store: S3Settings | None = None) -> Iterator[OwnBroker]:
-    """Start the broker (its log in ``log_store`` when given, else in memory); stop it on leaving."""
-    storage = "memory" if log_store is None else "s3"
-    with EmbeddedStack(services=("kafka",), s3=log_store, log_dir=log_dir, broker_storage=storage) as stack:
+def start_own_broker(
+    env: dict[str, str], log_dir: Path, *, log_store: S3Settings | None = None, broker: Broker = "tansu"
+) -> Iterator[OwnBroker]:
+    """Start the broker and stop it on leaving. Tansu keeps its log in ``log_store`` when given,
+    else in memory; Apache Kafka (``broker="kafka"``) on its own disk, which a kill -9 keeps."""
+    if broker == "kafka":
+        stack = EmbeddedStack(services=("kafka",), log_dir=log_dir, broker="kafka")
+        log_store = None  # its log is on disk already
+    else:
+        storage = "memory" if log_store is None else "s3"
+        stack = EmbeddedStack(services=("kafka",), s3=log_store, log_dir=log_dir, broker_storage=storage)
+    with stack:
         bootstrap = str(stack.endpoints.kafka.bootstrap_servers)
         broker_env = dict(env, PIPELINE_KAFKA_BOOTSTRAP_SERVERS=bootstrap)
         if log_store is not None:
