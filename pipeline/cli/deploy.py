@@ -65,7 +65,12 @@ def k8s(
         int, typer.Option(help="Queue time per request (µs) Triton's autoscaling aims at.")
     ] = _defaults.triton_queue_target_us,
     prometheus_url: Annotated[
-        str, typer.Option(help="Prometheus KEDA asks for Triton's queue time.")
+        str,
+        typer.Option(
+            help="Prometheus KEDA asks for Triton's queue time (default: the Prometheus Operator's, "
+            "prometheus-operated in namespace monitoring).",
+            show_default=False,
+        ),
     ] = _defaults.prometheus_url,
     triton_node_selector: Annotated[
         list[str] | None,
