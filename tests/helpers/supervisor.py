@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tests.helpers.fault_workloads import Run
+from tests.helpers.topology_process import collect_outputs
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,17 @@ class Supervisor(threading.Thread):
                 return
             except AssertionError:  # it exited while starting (Kafka still away): again
                 time.sleep(1)
+
+    def until_done(self, bootstrap: str) -> None:
+        """Every run's records sent and its outputs complete (its worker restarted whenever it
+        exits meanwhile), then stop watching."""
+        try:
+            for run in self.runs:
+                assert run.producer is not None
+                run.producer.join(timeout=120)
+                collect_outputs(bootstrap, run.topology, run.workload.done, timeout=180)
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         self._done.set()

@@ -55,7 +55,7 @@ from tests.helpers.kafka_io import produce
 from tests.helpers.own_broker import OwnBroker, start_own_broker
 from tests.helpers.streams import DALI_STAGE, SEQUENCE_STAGE, interleave
 from tests.helpers.supervisor import Supervisor
-from tests.helpers.topology_process import TopologyFiles, collect_outputs, write_topology
+from tests.helpers.topology_process import TopologyFiles, write_topology
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow, pytest.mark.exclusive]  # measures time: alone
 
@@ -115,15 +115,9 @@ def test_broker_kill_9_and_restart_mid_stream(
     before = {run.workload.kind: run.worker.metric("pipeline_results_total") for run in runs}
     supervisor = Supervisor(runs)
     supervisor.start()
-    try:
-        broker.crash(DOWN_S)
-        fault_end_ms = _now_ms()
-        for run in runs:
-            assert run.producer is not None
-            run.producer.join(timeout=120)
-            collect_outputs(broker.bootstrap, run.topology, run.workload.done, timeout=180)
-    finally:
-        supervisor.stop()
+    broker.crash(DOWN_S)
+    fault_end_ms = _now_ms()
+    supervisor.until_done(broker.bootstrap)
     outputs = finish_all(runs, broker.bootstrap)
     notes = {
         kind: f"killed after {count:.0f} results, down {DOWN_S:g} s; "
@@ -179,13 +173,7 @@ def test_broker_unreachable_longer_than_the_send_timeout(
     finally:
         broker.process.resume()
     fault_end_ms = _now_ms()
-    try:
-        for run in runs:
-            assert run.producer is not None
-            run.producer.join(timeout=120)
-            collect_outputs(broker.bootstrap, run.topology, run.workload.done, timeout=180)
-    finally:
-        supervisor.stop()
+    supervisor.until_done(broker.bootstrap)
     outputs = finish_all(runs, broker.bootstrap)
     exits = supervisor.exits
     notes = {
