@@ -26,6 +26,7 @@ import tritonclient.grpc.aio as triton_aio
 from pipeline.errors import ConfigError
 from pipeline.observability.tracing import CallSpan
 from pipeline.settings import TritonSettings
+from pipeline.triton.replicas import replica_spec
 
 # gRPC reconnects with exponential backoff up to two minutes; keep retries
 # quick so a restarted server is seen the moment it listens again.
@@ -90,7 +91,7 @@ def _connection(settings: TritonSettings) -> tuple[str, grpc.ChannelCredentials 
     """(``host:port``, TLS credentials or None for plaintext), checked."""
     if not settings.grpc_url:
         raise ConfigError("no Triton endpoint configured: set PIPELINE_TRITON_GRPC_URL")
-    if "," in settings.grpc_url or settings.grpc_url.strip().startswith("dns:///"):
+    if replica_spec(settings.grpc_url).several:
         raise ConfigError(
             f"Triton URL {settings.grpc_url!r} names several replicas and this talks to one server: "
             "give it one of them (the stages spread over all of them)"

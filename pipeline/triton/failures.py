@@ -105,6 +105,16 @@ class TritonFailureClassifier:
         except InferenceServerException:
             return False
 
+    async def serving(self) -> bool:
+        """The server ready with this model ready on it: the probe that brings a replica a
+        fleet took out back in (stateless and sequence fleets alike)."""
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=self.probe_timeout_s)) and bool(
+                await self.client.is_model_ready(self.model, self.model_version, client_timeout=self.probe_timeout_s)
+            )
+        except InferenceServerException:
+            return False
+
 
 def unloaded_model_failure(model: str, message: str, states: set[str] | None) -> Failure:
     """Triton said the stage's model is not loaded; ``states`` are its versions' states in

@@ -72,14 +72,7 @@ class SequenceChannel:
 
     async def ready(self) -> bool:
         """Server and model ready (probed while this replica is out)."""
-        if self.client is None:
-            return False
-        try:
-            return bool(await self.client.is_server_ready(client_timeout=self.probe_timeout_s)) and bool(
-                await self.client.is_model_ready(self.model, self.model_version, client_timeout=self.probe_timeout_s)
-            )
-        except InferenceServerException:
-            return False
+        return self.classifier is not None and await self.classifier.serving()
 
     async def close(self) -> None:
         if self.client is not None:

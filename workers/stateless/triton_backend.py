@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.utils import triton_to_np_dtype
 
 from pipeline.contract.request import InferenceRequest
 from pipeline.contract.validation import validate_inputs, validate_model, validate_outputs
@@ -131,14 +131,7 @@ class TritonModelBackend:
     async def ready(self) -> bool:
         """Whether the server answers ready with this model ready on it (a fleet's probe of
         a replica it took out, :mod:`workers.stateless.fleet_backend`)."""
-        if self._client is None:
-            return False
-        try:
-            return bool(await self._client.is_server_ready(client_timeout=2.0)) and bool(
-                await self._client.is_model_ready(self.model, self.model_version, client_timeout=2.0)
-            )
-        except InferenceServerException:
-            return False
+        return self._classifier is not None and await self._classifier.serving()
 
     # ------------------------------------------------------------------ requests
     def check(self, request: InferenceRequest) -> None:
