@@ -15,13 +15,28 @@ busier machine (issue 28). So each (branch, partition) is judged on evidence onl
 - ``caught-up``: every group feeding it has committed its input to the end;
 - ``gone``: a group feeding it has had no live member (the broker's DescribeGroups) for
   longer than ``gone_after_s``; nothing it has not processed will ever come;
-- ``behind``: otherwise. The stage waits, judging by event time what the branch has
-  delivered so far (:mod:`workers.runtime.event_time`), or a hard ``max_wait`` of its own.
+- ``behind``: otherwise. The stage waits, judging by the branch's *position*
+  (:meth:`UpstreamProgress.position`), or by a hard ``max_wait`` of its own.
+
+**A behind branch is judged by where its stages are, not by what they delivered.** Its
+position is the event time of the oldest record its groups have still to finish: the
+timestamp of the record at each group's committed offset, the lowest over every group of
+the branch with records left. Everything the branch will still deliver comes from those
+records or later ones. What it has delivered so far is no bound: after a rebalance a
+stage's new owner redoes the records the fence held back, and appends their outputs
+after later requests' (the broker kill test on Apache Kafka, 2026-11-27: 3 windows
+expired while score redid them), and a producer that is not idempotent can reorder a
+partition after a broker outage.
 
 The groups feeding a branch are walked from the branch's own step upstream (``depth``):
 the first that is not caught up decides. A gone branch step is gone even while the steps
 before it are behind (nothing will pass through it), and a live step with records left
 is behind even when a group before it is gone (what it holds still comes).
+
+Every partition of an upstream group's input counts for every partition of the branch.
+Co-partitioning maps partition *n* to *n* only while every writer hashes keys alike: a
+client with librdkafka's default partitioner (CRC32, not Java's murmur2), or one that
+picks partitions itself, writes requests whose outputs land in other partition numbers.
 
 Committed offsets, end offsets and memberships are asked of the broker; the end offsets of
 the stage's own inputs come in the same poll, after the commits, so an output acknowledged
@@ -78,6 +93,12 @@ Committed = Mapping[tuple[str, TopicPartition], int | None]
 """(group, input partition) -> the group's committed offset (None: it never committed)."""
 
 
+def _start(done: int | None, beginning: int) -> int:
+    """Where a group's processing of a partition stands: its committed offset, or the
+    partition's beginning where it never committed."""
+    return beginning if done is None or done < 0 else done
+
+
 def backlog(
     committed: Committed, beginning: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]
 ) -> set[tuple[str, TopicPartition]]:
@@ -86,7 +107,7 @@ def backlog(
     left = set()
     for key, done in committed.items():
         tp = key[1]
-        start = beginning.get(tp, 0) if done is None or done < 0 else done
+        start = _start(done, beginning.get(tp, 0))
         if start < end.get(tp, 0):
             left.add(key)
     return left
@@ -113,6 +134,19 @@ class Liveness:
         return seen is not None and self.clock() - seen > self.gone_after_s
 
 
+def _chains(upstream: Sequence[Upstream]) -> dict[str, list[Upstream]]:
+    """branch -> its groups, from its own step upstream."""
+    chains: dict[str, list[Upstream]] = {}
+    for up in sorted(upstream, key=lambda u: (u.depth, u.group_id, u.topic)):
+        chains.setdefault(up.branch, []).append(up)
+    return chains
+
+
+def _has_left(up: Upstream, left: set[tuple[str, TopicPartition]]) -> bool:
+    """Whether the group has records left on any partition of its input (module docstring)."""
+    return any(group == up.group_id and tp.topic == up.topic for group, tp in left)
+
+
 def branch_states(
     upstream: Sequence[Upstream],
     left: set[tuple[str, TopicPartition]],
@@ -120,22 +154,40 @@ def branch_states(
     numbers: Iterable[int],
 ) -> dict[tuple[str, int], BranchState]:
     """(branch, partition number) -> its state (see the module docstring)."""
-    chains: dict[str, list[Upstream]] = {}
-    for up in sorted(upstream, key=lambda u: (u.depth, u.group_id, u.topic)):
-        chains.setdefault(up.branch, []).append(up)
     states = {}
-    for branch, chain in chains.items():
+    for branch, chain in _chains(upstream).items():
+        state = BranchState.CAUGHT_UP
+        for up in chain:
+            if gone(up.group_id):
+                state = BranchState.GONE
+                break
+            if _has_left(up, left):
+                state = BranchState.BEHIND
+                break
         for number in numbers:
-            state = BranchState.CAUGHT_UP
-            for up in chain:
-                if gone(up.group_id):
-                    state = BranchState.GONE
-                    break
-                if (up.group_id, TopicPartition(up.topic, number)) in left:
-                    state = BranchState.BEHIND
-                    break
             states[(branch, number)] = state
     return states
+
+
+def branch_positions(
+    upstream: Sequence[Upstream],
+    left: set[tuple[str, TopicPartition]],
+    gone: Callable[[str], bool],
+    stamps: Mapping[tuple[str, TopicPartition], int | None],
+) -> dict[str, int]:
+    """branch -> the event time (ms) of the oldest record its live groups have left to finish
+    (0 where a stamp is unknown: nothing may close on it). Groups past a gone one are left
+    out: nothing of theirs passes through it. A branch with nothing left is absent."""
+    positions: dict[str, int] = {}
+    for branch, chain in _chains(upstream).items():
+        for up in chain:
+            if gone(up.group_id):
+                break
+            for key in left:
+                if key[0] == up.group_id and key[1].topic == up.topic:
+                    stamp = stamps.get(key)
+                    positions[branch] = min(positions.get(branch, stamp or 0), stamp or 0)
+    return positions
 
 
 async def fetched_ends(
@@ -186,6 +238,62 @@ async def fetched_ends(
     return ends
 
 
+async def record_stamps(
+    client: AIOKafkaClient, starts: Mapping[tuple[str, TopicPartition], int]
+) -> dict[tuple[str, TopicPartition], int | None]:
+    """(group, partition) -> the timestamp of the first record at or after the group's start
+    offset (None: the fetch brought none, e.g. only transaction markers or an error).
+
+    One fetch per leader and round; groups that share a partition (a fan-out) at different
+    offsets take a round each, since a fetch names a partition once.
+    """
+    rounds: list[dict[TopicPartition, int]] = []
+    for (_group, tp), offset in sorted(starts.items(), key=lambda kv: (kv[0][1], kv[1])):
+        free = next((r for r in rounds if tp not in r or r[tp] == offset), None)
+        if free is None:
+            free = {}
+            rounds.append(free)
+        free[tp] = offset
+    found: dict[tuple[TopicPartition, int], int | None] = {}
+    cluster = await client.fetch_all_metadata()
+    for wanted in rounds:
+        by_node: dict[int, list[TopicPartition]] = {}
+        for tp in wanted:
+            leader = cluster.leader_for_partition(tp)
+            if leader is not None and leader >= 0:
+                by_node.setdefault(leader, []).append(tp)
+        for node, tps in by_node.items():
+            topics: dict[str, list[tuple[int, int, int]]] = {}
+            for tp in tps:
+                topics.setdefault(tp.topic, []).append((tp.partition, wanted[tp], 64 << 10))
+            request = FetchRequest(
+                max_wait_time=5, min_bytes=1, max_bytes=1 << 20, isolation_level=READ_UNCOMMITTED,
+                topics=list(topics.items()),
+            )
+            response = await client.send(node, request)
+            for topic, partitions in response.topics:
+                for partition, error_code, _high, *rest in partitions:
+                    tp = TopicPartition(topic, partition)
+                    if error_code == 0 and tp in wanted:
+                        found[(tp, wanted[tp])] = _first_stamp(bytes(rest[-1]) if rest and rest[-1] else b"", wanted[tp])
+    return {key: found.get((key[1], offset)) for key, offset in starts.items()}
+
+
+def _first_stamp(data: bytes, start: int) -> int | None:
+    """The timestamp of the first data record at or after ``start`` in a fetch answer's bytes."""
+    records = MemoryRecords(data)
+    while records.has_next():
+        batch = records.next_batch()
+        if batch is None:
+            break
+        if getattr(batch, "is_control_batch", False):
+            continue
+        for record in batch:
+            if record.offset >= start:
+                return int(record.timestamp)
+    return None
+
+
 def _next_offset(data: bytes) -> int:
     """The offset after the last complete batch in a fetch answer's record bytes (0: none)."""
     records = MemoryRecords(data)
@@ -233,6 +341,7 @@ class UpstreamProgress:
         self._admin: AIOKafkaAdminClient | None = None
         self._client: AIOKafkaClient | None = None
         self._states: dict[tuple[str, int], BranchState] | None = None
+        self._positions: dict[str, int] = {}
         self._ends: dict[TopicPartition, int] = {}
         self._seen: tuple[Committed, Mapping[TopicPartition, int], Mapping[TopicPartition, int]] | None = None
         """The last poll's committed offsets, their inputs' ends and the own inputs' ends."""
@@ -264,6 +373,13 @@ class UpstreamProgress:
     def behind(self, branch: str, partition: int) -> bool:
         return self.state(branch, partition) is BranchState.BEHIND
 
+    def position(self, branch: str, partition: int) -> int | None:
+        """None while the branch is not behind; else the event time (ms) of the oldest record
+        its groups have left to finish, 0 where unknown (module docstring)."""
+        if not self.behind(branch, partition):
+            return None
+        return self._positions.get(branch, 0)
+
     def summary(self) -> dict[str, BranchState]:
         """Per branch over the partitions polled: gone if gone anywhere, else behind if behind
         anywhere, else caught up (what the gauge and ``pipeline top`` show)."""
@@ -274,18 +390,20 @@ class UpstreamProgress:
         return worst
 
     def evidence(self, partition: int) -> str:
-        """What the last poll saw on ``partition``: each upstream group's committed offset
-        against its input's end, and the stage's own inputs' ends (logged when a window
-        closes, so an expiry can be checked against the offsets it was decided on)."""
+        """What the last poll saw: each upstream group's committed offset against its input's
+        end on every partition, the behind branches' positions, and the stage's own inputs'
+        ends on ``partition`` (logged when a window closes, so an expiry can be checked
+        against the offsets it was decided on)."""
         if self._seen is None:
             return "no poll yet"
         committed, ends, own_ends = self._seen
         groups = [
-            f"{group} at {committed.get((group, tp))} of {tp.topic} end {ends.get(tp)}"
-            for group, tp in sorted(committed, key=lambda k: (k[0], k[1].topic))
-            if tp.partition == partition
+            f"{group} at {committed.get((group, tp))} of {tp.topic}[{tp.partition}] end {ends.get(tp)}"
+            for group, tp in sorted(committed, key=lambda k: (k[0], k[1].topic, k[1].partition))
         ]
-        return "; ".join(groups + [f"{tp.topic} end {end}" for tp, end in sorted(own_ends.items()) if tp.partition == partition])
+        positions = [f"{branch or 'input'} position {at}" for branch, at in sorted(self._positions.items())]
+        own = [f"{tp.topic} end {end}" for tp, end in sorted(own_ends.items()) if tp.partition == partition]
+        return "; ".join(groups + positions + own)
 
     def end(self, tp: TopicPartition) -> int | None:
         """The end offset of one of the stage's own inputs as of the last poll."""
@@ -309,9 +427,11 @@ class UpstreamProgress:
             committed: dict[tuple[str, TopicPartition], int | None] = {}
             if self._admin is not None:
                 self.liveness.observe(await self._members(self._admin))
+            cluster = await self._client.fetch_all_metadata() if self._client is not None else None
             for group, topic in sorted({(up.group_id, up.topic) for up in self._upstream}):
                 assert self._admin is not None
-                tps = [TopicPartition(topic, p) for p in numbers]
+                every = cluster.partitions_for_topic(topic) if cluster is not None else None
+                tps = [TopicPartition(topic, p) for p in sorted(every or numbers)]  # all (module docstring)
                 offsets = await self._admin.list_consumer_group_offsets(group, partitions=tps)
                 committed.update({(group, tp): (offsets[tp].offset if tp in offsets else None) for tp in tps})
             inputs = sorted({tp for _, tp in committed})
@@ -334,10 +454,13 @@ class UpstreamProgress:
                 own_ends = await fetched_ends(self._client, own_ends)
             self._ends = own_ends
             self._seen = (committed, ends, own_ends)  # formatted only when logged (evidence())
+            starts = {key: _start(committed[key], beginning.get(key[1], 0)) for key in left}
+            stamps = await record_stamps(self._client, starts) if self._client is not None and starts else {}
         except (KafkaError, OSError) as exc:
             log.warning("progress of upstream groups unknown (%r): windows wait", exc)
             self._states = None
             return
+        self._positions = branch_positions(self._upstream, left, self.liveness.gone, stamps)
         states = branch_states(self._upstream, left, self.liveness.gone, numbers)
         for (branch, number), state in sorted(states.items(), key=lambda kv: kv[0]):
             if self._states is None or self._states.get((branch, number)) is not state:

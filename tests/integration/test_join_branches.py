@@ -131,3 +131,45 @@ async def test_a_partitions_end_is_read_from_a_fetch_answer_where_list_offsets_a
     short = {tp.partition: acked[tp.partition] - listed[tp] for tp in tps if listed[tp] < acked[tp.partition]}
     print(f"\nListOffsets short of the acknowledged end by {short or 'nothing'} records")
     assert {tp.partition: ends[tp] for tp in tps} == acked
+
+
+async def test_a_groups_position_is_the_stamp_of_the_record_at_its_committed_offset(kafka_bootstrap: str) -> None:
+    """Issue 28: a behind branch is judged by the timestamp of the oldest record its groups
+    have left, read from the broker at each group's start offset. Two groups on one partition
+    (a fan-out) at different offsets each get their own record's stamp."""
+    import uuid
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.structs import TopicPartition
+
+    from pipeline.kafka.progress import record_stamps
+
+    topic = f"stamps-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+    finally:
+        await admin.close()
+    base = 1_700_000_000_000
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        for partition in (0, 1):
+            sent = [
+                await producer.send(topic, b"x", partition=partition, timestamp_ms=base + 1_000 * partition + i)
+                for i in range(500)
+            ]
+            await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    client = AIOKafkaClient(bootstrap_servers=kafka_bootstrap)
+    await client.bootstrap()
+    try:
+        stamps = await record_stamps(client, {("fast", p0): 420, ("slow", p0): 17, ("slow", p1): 0, ("done", p1): 500})
+    finally:
+        await client.close()
+    assert stamps == {("fast", p0): base + 420, ("slow", p0): base + 17, ("slow", p1): base + 1_000, ("done", p1): None}

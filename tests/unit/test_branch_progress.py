@@ -22,7 +22,15 @@ from prometheus_client import generate_latest
 
 from pipeline.contract.records import read_dead_letter
 from pipeline.errors import ConfigError
-from pipeline.kafka.progress import BranchState, Liveness, Upstream, UpstreamProgress, branch_states, live_members
+from pipeline.kafka.progress import (
+    BranchState,
+    Liveness,
+    Upstream,
+    UpstreamProgress,
+    branch_positions,
+    branch_states,
+    live_members,
+)
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.runtime.stages import chain_upstream
 from pipeline.settings import KafkaSettings
@@ -105,10 +113,25 @@ def test_the_nearest_group_that_is_not_caught_up_decides() -> None:
     assert branch_states(chain, {("t.score", out0)}, gone("t.normalise"), [0])[("score", 0)] is BranchState.BEHIND
     # ... and once it has processed them, nothing more can come.
     assert branch_states(chain, set(), gone("t.normalise"), [0])[("score", 0)] is BranchState.GONE
+    # Every partition of a group's input counts for every partition of the branch: a client that
+    # hashes keys unlike Java's murmur2 (librdkafka's CRC32) sends t.in[0]'s requests to score[1].
     assert branch_states(chain, {("t.normalise", in0)}, gone(), [0, 1]) == {
         ("score", 0): BranchState.BEHIND,
-        ("score", 1): BranchState.CAUGHT_UP,
+        ("score", 1): BranchState.BEHIND,
     }
+
+
+def test_a_behind_branchs_position_is_its_oldest_record_left_over_its_live_groups() -> None:
+    chain = _chain()
+    out0, out1, in1 = TopicPartition("t.normalise.out", 0), TopicPartition("t.normalise.out", 1), TopicPartition("t.in", 1)
+    left = {("t.score", out0), ("t.score", out1), ("t.normalise", in1)}
+    stamps = {("t.score", out0): 5_000, ("t.score", out1): 7_000, ("t.normalise", in1): 4_000}
+    assert branch_positions(chain, left, lambda _g: False, stamps) == {"score": 4_000}
+    # Nothing of a group past a gone one passes through it.
+    assert branch_positions(chain, left, lambda g: g == "t.normalise", stamps) == {"score": 5_000}
+    # A stamp not known (the fetch brought none) holds every window: position 0.
+    assert branch_positions(chain, left, lambda _g: False, {**stamps, ("t.score", out1): None}) == {"score": 0}
+    assert branch_positions(chain, set(), lambda _g: False, {}) == {}, "nothing left: not behind"
 
 
 def test_live_members_are_read_from_describe_groups_and_errors_are_no_evidence() -> None:

@@ -59,9 +59,10 @@ def test_two_branches_reading_one_topic_are_judged_each_on_its_own_commits() -> 
 def test_a_branch_read_to_its_end_waits_while_its_upstream_is_behind() -> None:
     tp = TopicPartition("b", 0)
     upstream = {"behind": True}
-    clock = EventTimeClock(lambda _tp: 11, grace_ms=0, upstream_behind=lambda _tp: upstream["behind"])
-    clock.assigned([tp])
     old = now_ms() - 3_600_000
+    # Its stages have a record stamped ``old`` left to finish (their position).
+    clock = EventTimeClock(lambda _tp: 11, grace_ms=0, upstream_position=lambda _tp: old if upstream["behind"] else None)
+    clock.assigned([tp])
     clock.observe(_record(0, 10, old))  # read to the end of the branch topic (end offset 11)
     assert clock.watermark([tp]) == old, "the stage writing this branch has more to write: not 'now'"
     upstream["behind"] = False
@@ -70,9 +71,37 @@ def test_a_branch_read_to_its_end_waits_while_its_upstream_is_behind() -> None:
 
 def test_a_branch_nothing_was_read_from_waits_while_its_upstream_is_behind() -> None:
     tp = TopicPartition("b", 0)
-    clock = EventTimeClock(lambda _tp: 0, grace_ms=0, upstream_behind=lambda _tp: True)
+    clock = EventTimeClock(lambda _tp: 0, grace_ms=0, upstream_position=lambda _tp: 0)  # behind, position unknown
     clock.assigned([tp])
     assert clock.watermark([tp]) == 0, "a restarted branch stage has not written yet: no window may close"
+
+
+def test_a_branch_redoing_older_records_holds_the_window_though_it_delivered_later_ones() -> None:
+    """Issue 28, the broker kill test on Apache Kafka (2026-11-27): after the rebalance,
+    score's new owner redid the requests whose outputs the fence had held, and appended them
+    to score.out after later requests' outputs. The join had read score.out to its end, so
+    what the branch had delivered was stamped past the window, while its oldest record left
+    to finish (its position) was not: the position decides, less the late grace."""
+    tp = TopicPartition("b", 0)
+    start = now_ms() - 60_000
+    position = {"ms": start + 100}  # the first redone request, at the group's committed offset
+    clock = EventTimeClock(lambda _tp: 3, grace_ms=0, upstream_position=lambda _tp: position["ms"], late_grace_ms=1_000)
+    clock.assigned([tp], {tp: 0})
+    for offset, stamp in enumerate((start, start + 9_000, start + 10_000)):  # later requests, delivered first
+        clock.observe(_record(0, offset, stamp))
+    assert clock.caught_up(tp) is False
+    assert clock.watermark([tp]) == start + 100 - 1_000, "not the 10 s the branch delivered"
+    position["ms"] = start + 20_000  # the redo is done; the branch works on requests 20 s in
+    assert clock.watermark([tp]) == start + 19_000
+
+
+def test_a_branch_position_never_runs_past_what_the_join_has_read() -> None:
+    tp = TopicPartition("b", 0)
+    start = now_ms() - 60_000
+    clock = EventTimeClock(lambda _tp: 10, grace_ms=0, upstream_position=lambda _tp: start + 50_000, late_grace_ms=1_000)
+    clock.assigned([tp], {tp: 0})
+    clock.observe(_record(0, 4, start + 5_000))  # five records of ten read
+    assert clock.watermark([tp]) == start + 5_000, "the unread records of the branch topic come first"
 
 
 def test_a_partition_nothing_was_read_from_is_behind_while_its_end_is_past_where_reading_starts() -> None:

@@ -6,8 +6,9 @@ each must be proven unable to deliver. Per missing branch, on the window's parti
 - ``gone``: a group feeding it has had no live member for ``branch_gone_after``;
 - ``caught-up``: its stages have processed all their input and the join has read the
   branch to its end (event time "now" has passed the window's end);
-- ``event-time``: its stages are behind, but what they have delivered is stamped past the
-  window's end, plus a grace for out-of-order stamps (:mod:`workers.runtime.event_time`);
+- ``event-time``: its stages are behind, but the oldest record they have left to finish is
+  stamped past the window's end, plus a grace for out-of-order stamps (their position:
+  :mod:`pipeline.kafka.progress`, :mod:`workers.runtime.event_time`);
 
 and, for the whole window, ``max-wait``: it has been open longer than the hard limit.
 Time since a commit is none of these (issue 28). Gone and caught-up still wait until the
@@ -63,7 +64,7 @@ def expiry_reason(
     """The dead letter's reason: the window, what is missing, and the rule per missing branch."""
     texts: dict[Rule, str] = {
         "caught-up": "caught-up (its stages processed all their input, nothing came)",
-        "event-time": "event-time (its stages moved past the window's end)",
+        "event-time": "event-time (its stages' position moved past the window's end)",
         "gone": f"gone (its group had no live member for {gone_after_s:g} s)",
         "max-wait": f"max-wait (open {max_wait_s or 0:g} s)",
         "evicted": "evicted (max_open_joins)",

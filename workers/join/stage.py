@@ -13,8 +13,8 @@ request's: messages between stages keep it) until every *missing* branch's
 partition has been read up to the window's end. A branch partition with nothing
 left to read counts as "now" only when the stages upstream of it have committed
 their inputs to the end too, or are gone: no live member in their group for
-``branch_gone_after``. A branch whose stages are behind is judged by the event time
-of what it has delivered; a window open longer than ``max_wait`` closes anyway
+``branch_gone_after``. A branch whose stages are behind is judged by their position,
+the event time of the oldest record they have left to finish; a window open longer than ``max_wait`` closes anyway
 (:mod:`pipeline.kafka.progress`, :mod:`workers.join.expiry`). Time since a commit
 is no evidence: a join does not expire because this worker, or the stage of one
 branch, is behind (a backlog, a rejoin, a slower branch), only because a branch
@@ -164,11 +164,11 @@ class JoinStage(StatefulStage):
             kafka, settings.upstream, settings.input_topics, gone_after_s=settings.branch_gone_after_s
         )
         self.upstream = UpstreamWatch(self.progress, stage=io.stage, metrics=metrics)
-        behind = (lambda tp: self.progress.behind(self._branch_of[tp.topic], tp.partition)) if settings.upstream else None
+        position = (lambda tp: self.progress.position(self._branch_of[tp.topic], tp.partition)) if settings.upstream else None
         self.clock = EventTimeClock(
             highwater_or_end(self.highwater, self.progress),
             grace_ms=settings.window_ms,
-            upstream_behind=behind,
+            upstream_position=position,
             fetched_at=self.fetched_at,
             late_grace_ms=LATE_GRACE_MS,
         )

@@ -12,11 +12,13 @@ counts as behind for ``grace_ms``, so its backlog is read before it is trusted, 
 after that for as long as its end is past where the group's reading starts (its
 committed offset, ``reading_starts``).
 A partition written by other stages is caught up only when they are too
-(``upstream_behind``: a join's branches, a sequence stage's input), or gone
+(``upstream_position``: a join's branches, a sequence stage's input), or gone
 (:mod:`pipeline.kafka.progress`): what they have not processed yet is older than
-what was read. While they are behind, the partition's watermark is the event time
-of what they have delivered so far, less ``late_grace_ms``: their position seen
-through their outputs, with room for records their producers stamped out of order. A partition the broker has not answered a fetch for
+what was read. While they are behind, the partition's watermark is their *position*,
+the event time of the oldest record they have left to finish, less ``late_grace_ms``
+(room for records their producers stamped out of order), and never past what this
+stage has read of the partition. Not what they have delivered: a stage redoing records
+after a rebalance appends their outputs after later ones (issue 28). A partition the broker has not answered a fetch for
 in ``stale_ms`` (unreachable, paused) is behind too: its end offset is old news, and
 records stamped during the silence may be waiting there. Once the broker answers
 again the partition is read for ``grace_ms`` before it is trusted, as after an
@@ -69,7 +71,7 @@ class EventTimeClock:
         *,
         grace_ms: float,
         max_future_ms: float = 60_000,
-        upstream_behind: Callable[[TopicPartition], bool] | None = None,
+        upstream_position: Callable[[TopicPartition], int | None] | None = None,
         fetched_at: FetchedAt | None = None,
         stale_ms: float = FETCH_STALE_MS,
         late_grace_ms: float = 0.0,
@@ -77,7 +79,8 @@ class EventTimeClock:
         self.highwater = highwater
         self.fetched_at = fetched_at
         self.stale_ms = stale_ms
-        self.upstream_behind = upstream_behind
+        self.upstream_position = upstream_position
+        """tp -> None while the stages writing it are not behind, else their position (ms)."""
         self.late_grace_ms = late_grace_ms
         self.grace_ms = grace_ms
         self.max_future_ms = max_future_ms
@@ -147,17 +150,24 @@ class EventTimeClock:
         )
 
     def _mark(self, tp: TopicPartition, now: int) -> int:
-        if self.upstream_behind is not None and self.upstream_behind(tp):
-            return self._event_time.get(tp, 0) - int(self.late_grace_ms)
-        return now if not self._behind(tp, now) else self._event_time.get(tp, 0)
+        read = now if not self._read_behind(tp, now) else self._event_time.get(tp, 0)
+        position = self._upstream(tp)
+        if position is None:
+            return read
+        return min(read, min(position, now + int(self.max_future_ms)) - int(self.late_grace_ms))
+
+    def _upstream(self, tp: TopicPartition) -> int | None:
+        return None if self.upstream_position is None else self.upstream_position(tp)
 
     def since_s(self, event_ms: int, partitions: Iterable[TopicPartition]) -> float:
         """Seconds of event time between ``event_ms`` and the partitions' watermark."""
         return max(0.0, (self.watermark(partitions) - event_ms) / 1000)
 
     def _behind(self, tp: TopicPartition, now: int) -> bool:
-        if self.upstream_behind is not None and self.upstream_behind(tp):
-            return True
+        return self._upstream(tp) is not None or self._read_behind(tp, now)
+
+    def _read_behind(self, tp: TopicPartition, now: int) -> bool:
+        """Whether this stage has more of ``tp`` to read (or cannot know: the broker silent)."""
         if not self._answering(tp, now):
             return True
         last = self._last_offset.get(tp)

@@ -120,8 +120,12 @@ def watched_clock(
     the branch writing them (``branch_of``) is: the one rule joins and sequence stages share.
     Without upstream groups the clock judges the stage's own reading alone."""
     watch = UpstreamWatch(progress, stage=stage, metrics=metrics)
-    behind = (lambda tp: progress.behind(branch_of(tp), tp.partition)) if progress.branches else None
+    position = (lambda tp: progress.position(branch_of(tp), tp.partition)) if progress.branches else None
     clock = EventTimeClock(
-        highwater_or_end(highwater, progress), grace_ms=grace_ms, fetched_at=fetched_at, upstream_behind=behind, late_grace_ms=LATE_GRACE_MS
+        highwater_or_end(highwater, progress),
+        grace_ms=grace_ms,
+        fetched_at=fetched_at,
+        upstream_position=position,
+        late_grace_ms=LATE_GRACE_MS,
     )
     return watch, clock
