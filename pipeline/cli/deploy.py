@@ -16,7 +16,7 @@ import typer
 from pipeline.cli.app import app, console
 from pipeline.cli.help import PipelineGroup
 from pipeline.deploy import DeployOptions, Resources, generate, write_bundle
-from pipeline.deploy.options import DEFAULT_IMAGE, TRITON_IMAGE
+from pipeline.deploy.options import DEFAULT_IMAGE, TRITON_IMAGE, toleration
 from pipeline.errors import ConfigError
 
 deploy_app = typer.Typer(
@@ -74,12 +74,33 @@ def k8s(
     ] = _defaults.prometheus_url,
     triton_node_selector: Annotated[
         list[str] | None,
-        typer.Option(help="Node label KEY=VALUE a GPU Triton must run on; repeatable."),
+        typer.Option(metavar="KEY=VALUE", help="Node label a GPU Triton must run on; repeatable."),
+    ] = None,
+    triton_toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY[=VALUE]:EFFECT",
+            help="Taint a GPU Triton tolerates, as kubectl taint writes it (nvidia.com/gpu:NoSchedule, the "
+            "default); repeatable, replaces the default.",
+        ),
     ] = None,
     strimzi_cluster: Annotated[
         str | None,
         typer.Option("--strimzi", help="Strimzi Kafka cluster name: also write a KafkaTopic per topic of the topology."),
     ] = None,
+    strimzi_users: Annotated[
+        bool,
+        typer.Option(
+            help="With --strimzi: a KafkaUser per stage (SCRAM-SHA-512, ACLs on its own topics and group only), "
+            "which its workers log in as.",
+        ),
+    ] = False,
+    strimzi_tls: Annotated[
+        bool,
+        typer.Option(
+            help="The --strimzi-users listener has TLS: SASL_SSL, trusting the cluster CA (else SASL_PLAINTEXT).",
+        ),
+    ] = True,
     http_port: Annotated[int, typer.Option(help="Health and metrics port of every worker.")] = _defaults.http_port,
     cpu: Annotated[str, typer.Option(help="CPU request of a worker.")] = _stage.cpu_request,
     memory: Annotated[str, typer.Option(help="Memory request of a worker.")] = _stage.memory_request,
@@ -109,12 +130,14 @@ def k8s(
     StatefulSet whose pods join as static members) running `pipeline run --stage`,
     with probes, a pre-stop pause and a grace period covering the drain; a
     PodDisruptionBudget; a metrics Service and ServiceMonitor; a KEDA ScaledObject on the
-    stage's consumer-group lag. Triton reads the S3 model store. Apply with
-    `kubectl apply -k DIR` after creating the Secrets.
+    stage's consumer-group lag; with --strimzi-users, a KafkaUser it logs in as. Triton
+    reads the S3 model store. Apply with `kubectl apply -k DIR` after creating the Secrets.
     """
     # Every option named like a DeployOptions field is that field; the rest are assembled here.
     given = {k: v for k, v in locals().items() if k in {f.name for f in fields(DeployOptions)}}
     given["triton_node_selector"] = tuple(_label(text) for text in triton_node_selector or ())
+    if triton_toleration:
+        given["triton_tolerations"] = tuple(toleration(text) for text in triton_toleration)
     options = DeployOptions(
         **given,
         triton_resources=Resources(triton_cpu, triton_memory, triton_memory_limit or None, gpus=triton_gpus),

@@ -5,7 +5,8 @@
 health port, a pre-stop pause and a grace period covering the topology's drain, a
 PodDisruptionBudget, a metrics Service and ServiceMonitor, and a KEDA ScaledObject scaling it
 on its consumer group's lag; Triton as a Deployment reading the S3 model store; the topology
-file itself as a generated ConfigMap. Nothing here talks to a cluster.
+file itself as a generated ConfigMap; on a Strimzi-run Kafka, a KafkaTopic per topic and a
+least-privilege KafkaUser per unit, which its workers log in as. Nothing here talks to a cluster.
 """
 
 from pipeline.deploy.kustomize import Bundle, generate, write_bundle

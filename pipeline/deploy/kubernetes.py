@@ -5,7 +5,8 @@ from its ConfigMap, so what runs is what the topology says. Probes use the healt
 :mod:`pipeline.runtime.health` on a fixed port, listening on all addresses
 (``PIPELINE_HEALTH_HOST=0.0.0.0``; its default, loopback, is unreachable for the kubelet).
 SIGTERM drains (:mod:`pipeline.runtime.runner`): the grace period covers the pre-stop pause,
-the topology's ``drain_timeout_s`` and the closing steps after it.
+the topology's ``drain_timeout_s`` and the closing steps after it. With ``--strimzi-users``
+the workers of a unit log in to Kafka as the unit's own KafkaUser (:mod:`pipeline.deploy.strimzi`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipeline.deploy.objects import (
     service_monitor,
     stateful_set,
 )
+from pipeline.deploy.strimzi import user_login
 from pipeline.deploy.units import RunUnit, resource_name
 
 TOPOLOGY_DIR = "/config"
@@ -126,4 +128,10 @@ def _pod(ctx: DeployContext, unit: RunUnit) -> Manifest:
         ],
     }
     volumes = [{"name": "topology", "configMap": {"name": ctx.topology_config}}, {"name": "tmp", "emptyDir": {}}]
+    if options.strimzi_users:
+        # The unit's own KafkaUser: its SCRAM password by reference, the cluster CA mounted.
+        login = user_login(ctx, unit.name)
+        container["env"] += login.env
+        container["volumeMounts"] += login.volume_mounts
+        volumes += login.volumes
     return pod_spec(container, uid=WORKER_UID, grace_s=grace_period_s(ctx), volumes=volumes)

@@ -22,8 +22,8 @@ import yaml
 from pipeline.deploy.keda import max_replicas, scaled_object
 from pipeline.deploy.kubernetes import TOPOLOGY_FILE, WORKER_ENV, unit_objects, worker_network_policy
 from pipeline.deploy.objects import DeployContext, Manifest
-from pipeline.deploy.options import DeployOptions
-from pipeline.deploy.strimzi import kafka_topics
+from pipeline.deploy.options import GPU_TOLERATION, DeployOptions
+from pipeline.deploy.strimzi import kafka_topics, kafka_users
 from pipeline.deploy.triton import triton_grpc_url, triton_objects
 from pipeline.deploy.units import run_units
 from pipeline.errors import ConfigError
@@ -43,6 +43,7 @@ FILES_BY_KIND = {
     "ServiceMonitor": "service-monitors.yaml",  # needs the Prometheus Operator's CRDs
     "ScaledObject": "scaled-objects.yaml",  # needs KEDA
     "KafkaTopic": "kafka-topics.yaml",  # needs the Strimzi operator (--strimzi)
+    "KafkaUser": "kafka-users.yaml",  # needs Strimzi's User Operator (--strimzi-users)
 }
 KUSTOMIZATION = "kustomization.yaml"
 
@@ -128,14 +129,17 @@ def generate(topology_file: Path, options: DeployOptions) -> Bundle:
         objects += triton_objects(ctx)
     if options.strimzi_cluster:
         objects += kafka_topics(ctx, options.strimzi_cluster)
+        if options.strimzi_users:
+            objects += kafka_users(ctx, options.strimzi_cluster)
     _check_unique(objects)
+    _check_user_secrets(objects, options)
     return Bundle(
         context=ctx,
         topology_source=topology_file,
         topology_text=text,
         environment=_endpoint_environment(options, bootstrap, external_triton or generated_triton),
         objects=objects,
-        notes=_notes(ctx),
+        notes=_notes(ctx, bootstrap, external_triton),
     )
 
 
@@ -213,8 +217,30 @@ def _check_unique(objects: list[Manifest]) -> None:
         seen.add(key)
 
 
-def _notes(ctx: DeployContext) -> list[str]:
-    wanted, cap = ctx.options.max_replicas, max_replicas(ctx)
+def _check_user_secrets(objects: list[Manifest], options: DeployOptions) -> None:
+    """The User Operator writes each KafkaUser's Secret under the user's name (``<topology>-<stage>``):
+    it must not be a Secret the workloads read their own credentials from."""
+    flags = {"--secret": options.secret, "--triton-secret": options.triton_secret}
+    taken = {name: flag for flag, name in flags.items()}
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "KafkaUser" and name in taken:
+            raise ConfigError(f"the KafkaUser {name!r} would overwrite the Secret of {taken[name]}: "
+                              "rename the stage or that Secret")
+
+
+def _notes(ctx: DeployContext, bootstrap: str, external_triton: str | None) -> list[str]:
+    options, notes = ctx.options, list[str]()
+    wanted, cap = options.max_replicas, max_replicas(ctx)
     if wanted is not None and wanted > cap:
-        return [f"--max-replicas {wanted} capped at {cap}: the topology's topics have {cap} partitions"]
-    return []
+        notes.append(f"--max-replicas {wanted} capped at {cap}: the topology's topics have {cap} partitions")
+    if options.strimzi_users and bootstrap == DEFAULT_KAFKA_BOOTSTRAP:
+        notes.append(f"--strimzi-users: the workers log in at {bootstrap}; give --kafka-bootstrap "
+                     f"{options.strimzi_cluster}-kafka-bootstrap:PORT, the listener with scram-sha-512 authentication")
+    if options.strimzi_users and options.keda and not options.keda_auth:
+        notes.append("--strimzi-users: KEDA's Kafka scaler needs credentials too: --keda-auth NAME "
+                     "(a TriggerAuthentication; docs/deployment.md)")
+    custom = options.triton_node_selector or options.triton_tolerations != (GPU_TOLERATION,)
+    if custom and external_triton is None and not options.triton_resources.gpus:
+        notes.append("--triton-node-selector and --triton-toleration apply to a GPU Triton only (--triton-gpus N)")
+    return notes

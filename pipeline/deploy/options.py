@@ -33,6 +33,16 @@ Pass ``--triton-image`` for the stock image (models of its own backends) or one 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises."""
 
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+"""The taint NVIDIA's GPU operator puts on GPU nodes, tolerated by a GPU Triton by default."""
+
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_TAINT_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME_PART}")
+_TAINT_VALUE = re.compile(rf"({_NAME_PART})?")
+"""A taint's key is a qualified name (``example.com/name``), its value a label value: the
+API server's rules, checked here so a typo is one line now rather than a refused apply later."""
+
 _CPU = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)m?")
 _MEMORY = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:[kMGTPE]i?|Ki|[eE]\d+)?")
 """Kubernetes quantities as a person writes them for CPU (``500m``, ``1.5``) and memory
@@ -111,11 +121,9 @@ class DeployOptions:
     triton_resources: Resources = field(
         default_factory=lambda: Resources(cpu_request="1", memory_request="2Gi", memory_limit="4Gi")
     )
-    triton_tolerations: tuple[dict[str, str], ...] = (
-        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-    )
+    triton_tolerations: tuple[dict[str, str], ...] = (GPU_TOLERATION,)
     """Tolerations of a GPU Triton (with ``gpus`` > 0): by default the taint NVIDIA's GPU
-    operator puts on GPU nodes."""
+    operator puts on GPU nodes; ``--triton-toleration`` (:func:`toleration`) replaces it."""
     triton_node_selector: tuple[tuple[str, str], ...] = ()
     """Node labels a GPU Triton must run on (e.g. ``nvidia.com/gpu.present=true``)."""
     stage_resources: Resources = field(default_factory=Resources)
@@ -132,6 +140,14 @@ class DeployOptions:
     strimzi_cluster: str | None = None
     """A Strimzi-run Kafka cluster's name: every topic of the topology becomes a ``KafkaTopic``
     of that cluster (``pipeline/deploy/strimzi.py``); None: the workers create the topics."""
+    strimzi_users: bool = False
+    """With ``strimzi_cluster``: a ``KafkaUser`` per run unit (SCRAM-SHA-512, ACLs on its own
+    topics and group only), and each unit's workers log in as it (the password from the
+    Secret the User Operator writes). False: the workers' Kafka credentials, if any, come
+    from ``secret``."""
+    strimzi_tls: bool = True
+    """With ``strimzi_users``: the listener the users log in at has TLS (``SASL_SSL``, the
+    cluster CA mounted from ``<cluster>-cluster-ca-cert``); False: ``SASL_PLAINTEXT``."""
     static_membership: bool = False
     """Stage workers as StatefulSets whose pods join their groups as static members (KIP-345),
     named after the pod (``PIPELINE_KAFKA_GROUP_INSTANCE_ID``): a restarted container or a
@@ -168,7 +184,27 @@ class DeployOptions:
              f"--triton-max-replicas ({self.triton_max_replicas}) is below --triton-replicas ({self.triton_replicas})"),
             (self.triton_queue_target_us >= 1, "--triton-queue-target-us must be 1 or more"),
             (min(self.stage_resources.gpus, self.triton_resources.gpus) >= 0, "GPU counts must be 0 or more"),
+            (self.strimzi_cluster is not None or not self.strimzi_users, "--strimzi-users needs --strimzi CLUSTER"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+
+def toleration(text: str) -> dict[str, str]:
+    """A toleration of the taint ``text`` names as ``kubectl taint`` writes it:
+    ``KEY=VALUE:EFFECT`` (operator ``Equal``) or ``KEY:EFFECT`` (``Exists``: any value)."""
+    taint, _, effect = text.rpartition(":")
+    key, equals, value = taint.partition("=")
+    if (
+        effect not in TAINT_EFFECTS
+        or not _TAINT_KEY.fullmatch(key)
+        or (equals and not _TAINT_VALUE.fullmatch(value))
+    ):
+        raise ConfigError(
+            f"--triton-toleration {text!r}: expected KEY[=VALUE]:EFFECT with EFFECT one of "
+            f"{', '.join(TAINT_EFFECTS)} (e.g. {GPU_RESOURCE}:NoSchedule)"
+        )
+    if equals:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}

@@ -251,14 +251,35 @@ async def ensure_topics(
             for t in wanted
         ]
         try:
-            await admin.create_topics(new)
+            response = await admin.create_topics(new)
         except TopicAlreadyExistsError:
-            pass  # another worker of the same topology won the race
+            return []  # another worker of the same topology won the race
         except KafkaError as exc:
             raise EndpointUnreachable(f"cannot create topics {wanted}: {exc}") from exc
-        return wanted
+        return _created(response, wanted)
     finally:
         await admin.close()
+
+
+_TOPIC_ALREADY_EXISTS = 36
+_TOPIC_AUTHORIZATION_FAILED = 29
+
+
+def _created(response: object, wanted: list[str]) -> list[str]:
+    """The topics a CreateTopics answer says were made. aiokafka does not raise on a topic's
+    own error code, so each is read here: one that exists meanwhile (another worker won the
+    race) is fine; one this principal may not create nor describe (a least-privilege user
+    whose topics are KafkaTopic resources, ``pipeline deploy k8s --strimzi-users``) is logged
+    once and left to whoever manages it; any other refusal is logged with its code, and the
+    first client that uses the topic says the rest."""
+    errors = {str(t[0]): (int(t[1]), t[2] if len(t) > 2 else None) for t in getattr(response, "topic_errors", ())}
+    refused = {t: e for t, e in errors.items() if e[0] not in (0, _TOPIC_ALREADY_EXISTS, _TOPIC_AUTHORIZATION_FAILED)}
+    if refused:
+        log.warning("the broker refused to create %s", "; ".join(f"{t} (error {c}: {m or ''})" for t, (c, m) in refused.items()))
+    denied = [t for t, (code, _m) in errors.items() if code == _TOPIC_AUTHORIZATION_FAILED]
+    if denied:
+        log.warning("not allowed to create or describe topics %s: they must exist already (made by their owner)", denied)
+    return [t for t in wanted if errors.get(t, (0, None))[0] == 0]
 
 
 async def check_tls(settings: KafkaSettings) -> None:

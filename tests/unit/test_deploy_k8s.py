@@ -29,7 +29,7 @@ import yaml
 
 from pipeline.cli import app
 from pipeline.deploy import Bundle, DeployOptions, Resources, generate, write_bundle
-from pipeline.deploy.options import TRITON_BASE_IMAGE, TRITON_IMAGE
+from pipeline.deploy.options import TRITON_BASE_IMAGE, TRITON_IMAGE, toleration
 from pipeline.errors import ConfigError
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.runtime.stages import build_stages
@@ -37,7 +37,7 @@ from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettin
 from pipeline.topology.loader import parse_topology
 from pipeline.topology.model import Topology
 from tests.helpers.keda_schema import SCALED_OBJECT
-from tests.helpers.strimzi_schema import KAFKA_TOPIC
+from tests.helpers.strimzi_schema import KAFKA_TOPIC, KAFKA_USER
 from tests.unit.test_no_secret_literals import findings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,15 +84,19 @@ class Rendered:
         return self.of("Deployment", **WORKER)
 
 
-def runtime_units(topology: Topology) -> list[tuple[str, str, tuple[str, ...]]]:
-    """What `pipeline run --stage` would start: the runtime's own stage objects (nothing connects)."""
+def runtime_stages(topology: Topology) -> list[Any]:
+    """The runtime's own stage objects for every unit of ``topology`` (nothing connects)."""
     endpoints = Endpoints.model_construct(
         kafka=KafkaSettings.model_construct(bootstrap_servers="kafka:9092"),
         triton=TritonSettings.model_construct(grpc_url="triton:8001"),
         s3=S3Settings.model_construct(endpoint="http://minio:9000"),
     )
-    stages = build_stages(topology, endpoints, PipelineMetrics())
-    return [(s.io.stage, s.io.group_id, (s.io.input_topic, *s.io.more_input_topics)) for s in stages]
+    return list(build_stages(topology, endpoints, PipelineMetrics()))
+
+
+def runtime_units(topology: Topology) -> list[tuple[str, str, tuple[str, ...]]]:
+    """What `pipeline run --stage` would start: the runtime's own stage objects (nothing connects)."""
+    return [(s.io.stage, s.io.group_id, (s.io.input_topic, *s.io.more_input_topics)) for s in runtime_stages(topology)]
 
 
 def render(topology_file: Path, folder: Path, options: DeployOptions | None = None) -> Rendered:
@@ -536,3 +540,246 @@ def test_triton_autoscales_on_its_queue_time_per_request(tmp_path: Path) -> None
     assert url == f"dns:///{name}-replicas:8001"
     with pytest.raises(ConfigError, match="--triton-max-replicas"):
         DeployOptions(triton_replicas=3, triton_max_replicas=2)
+
+
+ALL_TOPOLOGIES = sorted(p.stem for p in (REPO / "topologies").glob("*.yaml"))
+IMPLY_DESCRIBE = {"Read", "Write", "Delete", "Alter"}  # Kafka's authorizer: each of these allows Describe
+
+
+def allows(user: dict[str, Any], kind: str, name: str, operation: str) -> bool:
+    """Whether ``user``'s ``simple`` ACLs let it do ``operation`` on resource ``kind``/``name``, as
+    Kafka's authorizer decides (literal or prefix match; Read, Write, Delete, Alter imply Describe)."""
+    for rule in user["spec"]["authorization"]["acls"]:
+        resource, operations = rule["resource"], set(rule["operations"])
+        if resource["type"] != kind or rule.get("type", "allow") != "allow" or rule.get("host", "*") != "*":
+            continue
+        literal = resource.get("patternType", "literal") == "literal"
+        if (name == resource["name"]) if literal else name.startswith(resource["name"]):
+            implied = operation == "Describe" and operations & IMPLY_DESCRIBE
+            if operation in operations or "All" in operations or implied:
+                return True
+    return False
+
+
+def granted(user: dict[str, Any]) -> set[tuple[str, str, str, str]]:
+    """(resource type, pattern type, name, operation) of every operation the user's rules list."""
+    return {
+        (rule["resource"]["type"], rule["resource"]["patternType"], rule["resource"]["name"], operation)
+        for rule in user["spec"]["authorization"]["acls"]
+        for operation in rule["operations"]
+    }
+
+
+def runtime_needs(topology: Topology, stage: Any) -> set[tuple[str, str, str, str]]:
+    """What the runtime's own stage object reads, writes, joins and watches, from its parts:
+    its StageIO, state store, shadow, tenant gate and upstream watch (not from pipeline.deploy)."""
+    io = stage.io
+    reads = {*io.input_topics, *stage.copartitioned_topics()}
+    writes = {io.output_topic, io.dead_letter_topic, topology.metrics_topic}  # + the process's metric snapshots
+    if (states := getattr(stage, "states", None)) is not None:
+        reads.add(states.topic)
+        writes.add(states.topic)
+    if (shadow := getattr(stage, "shadow", None)) is not None:
+        writes.add(shadow.topic)
+    if (gate := getattr(stage, "_gate", None)) is not None and gate.settings.delay_topic:
+        writes.add(gate.settings.delay_topic)
+    settings = getattr(stage, "node", None) or getattr(stage, "settings", None)
+    upstream = getattr(settings, "upstream", ())
+    needs = {("topic", "literal", t, op) for t in reads for op in ("Read", "Describe")}
+    needs |= {("topic", "literal", t, op) for t in writes for op in ("Write", "Describe")}
+    needs |= {("group", "literal", io.group_id, op) for op in ("Read", "Describe")}
+    needs |= {("group", "literal", up.group_id, "Describe") for up in upstream}
+    needs |= {("topic", "literal", up.topic, op) for up in upstream for op in ("Read", "Describe")}
+    if io.reply_prefix:
+        needs |= {("topic", "prefix", io.reply_prefix, op) for op in ("Write", "Describe")}
+    return needs
+
+
+def users_by_stage(bundle: Bundle) -> dict[str, dict[str, Any]]:
+    """Each generated KafkaUser by the --stage its workers run."""
+    workloads = {o["metadata"]["name"]: o for o in bundle.objects if o["kind"] in ("Deployment", "StatefulSet")}
+    return {container(workloads[u["metadata"]["name"]])["args"][3]: u
+            for u in bundle.objects if u["kind"] == "KafkaUser"}
+
+
+@pytest.mark.parametrize("name", ALL_TOPOLOGIES)
+def test_strimzi_users_allow_what_the_runtime_stage_does_and_nothing_more(name: str) -> None:
+    """Every topology: one KafkaUser per unit, valid against Strimzi's CRD schema, whose ACLs are
+    exactly what the runtime's own stage object uses (topics read and written, its group, the
+    groups and inputs it watches, the reply topics), every topic one the KafkaTopics declare."""
+    bundle = generate(REPO / "topologies" / f"{name}.yaml", DeployOptions(strimzi_cluster="prod", strimzi_users=True))
+    users = users_by_stage(bundle)
+    stages = runtime_stages(bundle.topology)
+    assert sorted(users) == sorted(s.io.stage for s in stages)
+    declared = {t["spec"]["topicName"] for t in bundle.objects if t["kind"] == "KafkaTopic"}
+    for stage in stages:
+        user = users[stage.io.stage]
+        jsonschema.validate(user, KAFKA_USER, cls=jsonschema.Draft202012Validator)
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == "prod"
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+        assert granted(user) == runtime_needs(bundle.topology, stage), stage.io.stage
+        literal = {r["resource"]["name"] for r in user["spec"]["authorization"]["acls"]
+                   if r["resource"]["type"] == "topic" and r["resource"]["patternType"] == "literal"}
+        assert literal <= declared
+    assert "kafka-users.yaml" in bundle.kustomization()["resources"]
+
+
+def test_a_stage_user_reads_its_own_input_and_not_another_stages_output() -> None:
+    audio = generate(REPO / "topologies" / "audio.yaml", DeployOptions(strimzi_cluster="prod", strimzi_users=True))
+    preprocess, vad = users_by_stage(audio)["preprocess"], users_by_stage(audio)["vad"]
+    assert allows(preprocess, "topic", "audio.chunks", "Read")
+    assert allows(preprocess, "group", "audio.preprocess", "Read")
+    assert allows(preprocess, "topic", "audio.preprocess.out", "Write")
+    assert not allows(preprocess, "topic", "audio.results", "Read")  # vad's output, nobody's input
+    assert not allows(preprocess, "topic", "audio.results", "Describe")
+    assert not allows(preprocess, "topic", "audio.vad.state", "Read")  # vad's own state
+    assert not allows(preprocess, "topic", "audio.chunks", "Write")  # its input is the producers' to write
+    assert not allows(preprocess, "group", "audio.vad", "Read")  # cannot join another stage's group
+    assert not allows(preprocess, "topic", "audio.results.reply.client-1", "Write")
+    assert not allows(preprocess, "cluster", "kafka-cluster", "Create")
+    assert allows(vad, "topic", "audio.preprocess.out", "Read") and allows(vad, "topic", "audio.vad.state", "Write")
+    assert allows(vad, "topic", "audio.results.reply.client-1", "Write")  # the reply topics, by prefix
+    assert allows(vad, "group", "audio.preprocess", "Describe") and not allows(vad, "group", "audio.preprocess", "Read")
+    assert not allows(vad, "topic", "audio.results", "Read")
+    ensemble = users_by_stage(generate(REPO / "topologies" / "ensemble.yaml",
+                                       DeployOptions(strimzi_cluster="prod", strimzi_users=True)))
+    assert allows(ensemble["classify"], "topic", "ensemble.normalise.out", "Read")
+    for other in ("ensemble.score.out", "ensemble.results", "ensemble.join-result.state"):
+        assert not allows(ensemble["classify"], "topic", other, "Read"), other
+
+
+def test_the_kafkauser_schema_refuses_what_strimzi_would_not_take() -> None:
+    rule = {"resource": {"type": "topic", "name": "t", "patternType": "literal"}, "operations": ["Read"], "host": "*"}
+
+    def user(acl: dict[str, Any] = rule, **spec: Any) -> dict[str, Any]:
+        body = {"authentication": {"type": "scram-sha-512"}, "authorization": {"type": "simple", "acls": [acl]}, **spec}
+        return {"apiVersion": "kafka.strimzi.io/v1", "kind": "KafkaUser",
+                "metadata": {"name": "u", "labels": {"strimzi.io/cluster": "c"}}, "spec": body}
+
+    jsonschema.validate(user(), KAFKA_USER)
+    jsonschema.validate(user(authentication={"type": "tls"}), KAFKA_USER)
+    wrong = [
+        user({**rule, "operations": ["read"]}),  # operations are capitalised
+        user({**rule, "operations": ["Consume"]}),
+        user({**rule, "resource": {"type": "user", "name": "t"}}),
+        user({**rule, "resource": {"type": "topic", "name": "t", "patternType": "prefixed"}}),
+        user({**rule, "resource": {"name": "t"}}),  # the resource type is required
+        user({"resource": rule["resource"], "operation": "Read"}),  # v1beta2's single operation, gone in v1
+        user(authentication={"type": "scram-sha-256"}),  # Strimzi's users are SCRAM-SHA-512 only
+        user(authorization={"type": "opa", "acls": []}),
+        user(authorization={"type": "simple"}),  # acls required
+        {**user(), "metadata": {"name": "u", "labels": {}}},  # no cluster label: the operator ignores it
+    ]
+    for obj in wrong:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(obj, KAFKA_USER)
+
+
+def test_workers_log_in_as_their_own_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--strimzi-users: each worker's SCRAM username is its unit's KafkaUser, the password only a
+    reference to the Secret the User Operator writes under that name (key ``password``), over
+    TLS trusting the cluster CA; the variables are the runtime's own Kafka settings."""
+    options = DeployOptions(strimzi_cluster="prod", strimzi_users=True, kafka_bootstrap="prod-kafka-bootstrap:9093",
+                            keda_auth="kafka-scaler")
+    case = render(REPO / "topologies" / "audio.yaml", tmp_path / "tls", options)
+    assert case.bundle.notes == []
+    users = {u["metadata"]["name"] for u in case.of("KafkaUser")}
+    assert {d["metadata"]["name"] for d in case.workers()} == users
+    for deployment in case.workers():
+        assert kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+        spec, name = container(deployment), deployment["metadata"]["name"]
+        env = {e["name"]: e for e in spec["env"]}
+        assert env["PIPELINE_KAFKA_SASL_PASSWORD"]["valueFrom"] == {"secretKeyRef": {"name": name, "key": "password"}}
+        assert "value" not in env["PIPELINE_KAFKA_SASL_PASSWORD"]
+        plain = {k: e["value"] for k, e in env.items() if "value" in e}
+        assert plain["PIPELINE_KAFKA_SASL_USERNAME"] == name
+        mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["kafka-ca"]["secret"]["secretName"] == "prod-cluster-ca-cert"
+        assert plain["PIPELINE_KAFKA_SSL_CAFILE"] == f"{mounts['kafka-ca']}/ca.crt"
+        for key, value in plain.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("PIPELINE_KAFKA_SASL_PASSWORD", secrets.token_hex(16))  # what the Secret holds
+        settings = KafkaSettings()
+        assert (settings.security_protocol, settings.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+        assert settings.sasl_username == name and settings.ssl_cafile == "/etc/kafka-ca/ca.crt"
+    plain_options = DeployOptions(strimzi_cluster="prod", strimzi_users=True, strimzi_tls=False, static_membership=True)
+    plaintext = render(REPO / "topologies" / "audio.yaml", tmp_path / "plain", plain_options)
+    for workers in plaintext.of("StatefulSet", **WORKER):
+        env = {e["name"]: e.get("value") for e in container(workers)["env"]}
+        assert env["PIPELINE_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT" and "PIPELINE_KAFKA_SSL_CAFILE" not in env
+        assert "PIPELINE_KAFKA_GROUP_INSTANCE_ID" in env
+        assert "kafka-ca" not in {v["name"] for v in workers["spec"]["template"]["spec"]["volumes"]}
+    assert plaintext.bundle.notes == [
+        "--strimzi-users: the workers log in at kafka:9092; give --kafka-bootstrap prod-kafka-bootstrap:PORT, "
+        "the listener with scram-sha-512 authentication",
+        "--strimzi-users: KEDA's Kafka scaler needs credentials too: --keda-auth NAME (a TriggerAuthentication; "
+        "docs/deployment.md)",
+    ]
+    without = render(REPO / "topologies" / "audio.yaml", tmp_path / "topics", DeployOptions(strimzi_cluster="prod"))
+    assert without.of("KafkaTopic") and not without.of("KafkaUser")
+    assert not (without.folder / "kafka-users.yaml").exists()
+    for deployment in without.workers():
+        assert "PIPELINE_KAFKA_SASL_USERNAME" not in {e["name"] for e in container(deployment)["env"]}
+
+
+def test_strimzi_users_need_a_cluster_and_leave_the_workloads_secrets_alone(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--strimzi-users needs --strimzi CLUSTER$"):
+        DeployOptions(strimzi_users=True)
+    base = yaml.safe_load((REPO / "topologies" / "dense.yaml").read_text())
+    clash = variant(tmp_path, "dense", name="pipeline", stages=[{**base["stages"][0], "name": "credentials"}])
+    with pytest.raises(ConfigError, match="KafkaUser 'pipeline-credentials' would overwrite the Secret of --secret"):
+        generate(clash, DeployOptions(strimzi_cluster="prod", strimzi_users=True))
+    renamed = "dense-keys"  # the name of a Secret, not a value
+    generate(clash, DeployOptions(strimzi_cluster="prod", strimzi_users=True, secret=renamed))
+
+
+def test_triton_tolerations_take_kubectl_taint_syntax(tmp_path: Path) -> None:
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert toleration("nvidia.com/gpu:NoSchedule") == gpu_taint
+    assert toleration("dedicated=gpu-pool:NoExecute") == {
+        "key": "dedicated", "operator": "Equal", "value": "gpu-pool", "effect": "NoExecute"}
+    assert toleration("example.com/tier=:PreferNoSchedule")["value"] == ""
+    for bad in ("nvidia.com/gpu", "nvidia.com/gpu:NoScheduling", "=gpu:NoSchedule", "a b:NoSchedule",
+                "gpu=x y:NoSchedule", "a:b:NoSchedule", ":NoSchedule", "Example.com/gpu:NoSchedule"):
+        with pytest.raises(ConfigError, match=rf"^--triton-toleration {re.escape(repr(bad))}: expected "
+                           r"KEY\[=VALUE\]:EFFECT with EFFECT one of NoSchedule, PreferNoSchedule, NoExecute "
+                           r"\(e\.g\. nvidia\.com/gpu:NoSchedule\)$"):
+            toleration(bad)
+    gpu = render(REPO / "topologies" / "dense.yaml", tmp_path / "gpu", DeployOptions(
+        triton_resources=Resources("2", "8Gi", "16Gi", gpus=1),
+        triton_tolerations=(toleration("dedicated=gpu:NoSchedule"), toleration("nvidia.com/gpu:NoExecute"))))
+    (triton,) = gpu.of("Deployment", **{"app.kubernetes.io/name": "triton"})
+    assert kubernetes_validate.validate(triton, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+    assert triton["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"},
+    ]
+    cpu = generate(REPO / "topologies" / "dense.yaml", DeployOptions(triton_tolerations=(toleration("a:NoSchedule"),)))
+    assert cpu.notes == ["--triton-node-selector and --triton-toleration apply to a GPU Triton only (--triton-gpus N)"]
+
+
+def test_the_command_line_takes_tolerations_and_strimzi_users(tmp_path: Path) -> None:
+    def deploy(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline", "deploy", "k8s", str(REPO / "topologies" / "audio.yaml"),
+             "--out", str(tmp_path / "k8s"), *args],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )
+
+    bad = deploy("--triton-gpus", "1", "--triton-toleration", "nvidia.com/gpu")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        "error: --triton-toleration 'nvidia.com/gpu': expected KEY[=VALUE]:EFFECT with EFFECT one of "
+        "NoSchedule, PreferNoSchedule, NoExecute (e.g. nvidia.com/gpu:NoSchedule)"
+    ]
+    good = deploy("--triton-gpus", "1", "--triton-toleration", "dedicated=gpu:NoSchedule",
+                  "--triton-toleration", "nvidia.com/gpu:NoSchedule", "--strimzi", "prod", "--strimzi-users",
+                  "--no-strimzi-tls")
+    assert good.returncode == 0, good.stderr
+    deployments = list(yaml.safe_load_all((tmp_path / "k8s" / "deployments.yaml").read_text()))
+    (triton,) = [d for d in deployments if d["metadata"]["labels"]["app.kubernetes.io/name"] == "triton"]
+    assert [t["key"] for t in triton["spec"]["template"]["spec"]["tolerations"]] == ["dedicated", "nvidia.com/gpu"]
+    users = list(yaml.safe_load_all((tmp_path / "k8s" / "kafka-users.yaml").read_text()))
+    assert sorted(u["metadata"]["name"] for u in users) == ["audio-preprocess", "audio-vad"]
+    assert "note: --strimzi-users: KEDA's Kafka scaler needs credentials too" in good.stdout

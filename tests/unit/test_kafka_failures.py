@@ -31,3 +31,19 @@ async def test_a_kafka_error_becomes_one_line_naming_the_stage() -> None:
 async def test_other_errors_keep_their_type() -> None:
     with pytest.raises(ZeroDivisionError):
         await failing_in_one_line(_raise(ZeroDivisionError()), "stage classify")
+
+
+def test_a_create_topics_answer_is_read_topic_by_topic(caplog: pytest.LogCaptureFixture) -> None:
+    """aiokafka does not raise on a topic's own error in a CreateTopics answer: a least-privilege
+    user (``deploy k8s --strimzi-users``) was refused every topic it may not describe, and the
+    worker logged them all as created. Only those with error 0 are created."""
+    from types import SimpleNamespace
+
+    from pipeline.kafka.clients import _created
+
+    answer = SimpleNamespace(
+        topic_errors=[("made", 0, None), ("raced", 36, "exists"), ("not-mine", 29, "denied"), ("odd", 42, "invalid")]
+    )
+    with caplog.at_level("WARNING", logger="pipeline.kafka.clients"):
+        assert _created(answer, ["made", "raced", "not-mine", "odd"]) == ["made"]
+    assert "not-mine" in caplog.text and "error 42" in caplog.text and "raced" not in caplog.text
