@@ -39,12 +39,18 @@ class OwnBroker:
     bootstrap: str
     env: dict[str, str]
 
-    def crash(self, down_s: float) -> None:
+    def crash(self, down_s: float) -> int:
         """``kill -9`` the broker, leave it down ``down_s`` seconds, start it again on the
-        same port and storage; returns once it listens again."""
+        same port and storage; returns once it is ready again, with the wall-clock time (ms)
+        its restart began: the fault's end. Not the time it answered ready: Apache Kafka
+        takes its clients back while its readiness probe still waits for a group coordinator,
+        and a stage can finish its work inside that wait (seen 2026-11-27: all 355 remaining
+        results before "ready", so none "after the fault")."""
         self.process.kill()
         time.sleep(down_s)
+        restarted_ms = int(time.time() * 1000)
         self.process.start()
+        return restarted_ms
 
 
 @contextlib.contextmanager

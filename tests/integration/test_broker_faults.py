@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from pipeline.kafka.clients import SEND_TIMEOUT_MS
+from pipeline.settings import S3Settings
 from tests.helpers.fault_compare import RunOutputs
 from tests.helpers.fault_workloads import (
     FAST_FAILURES,
@@ -67,19 +68,22 @@ def _now_ms() -> int:
 
 
 @pytest.fixture(scope="module")
-def durable_broker(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBroker]:
-    """A broker whose log survives kill -9: Apache Kafka, its log on its own disk.
+def durable_broker(
+    s3_settings: S3Settings, cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OwnBroker]:
+    """A broker whose log survives kill -9: Tansu with its log in the session's S3 store.
 
-    Until stop 27 this was Tansu with its log in the session's S3 store: on Apache Kafka the
-    ensemble's join expired 3 windows by the event-time rule while their score results were
-    being redone (the kill made every group rebalance; score's new owner redid the requests
-    whose outputs the fence had held, and appended them after later requests' outputs, so
-    what the branch had delivered was stamped past their windows). Issue 28: a behind branch
-    is judged by its position, the oldest record its stages have left, not by what it
-    delivered. Tansu on S3 also left a group without a coordinator for over 30 s after the
-    restart (stop 25's CI), which the supervised workers below absorb."""
+    Not yet Apache Kafka, whose log on its disk survives it too (``start_own_broker(...,
+    broker="kafka")``). Tried again in stop 27, after the join's event-time rule was moved to
+    the branches' positions (issue 28), three runs of this test alone: one passed; one had the
+    ensemble's join expire 3 windows (`rule: score event-time`, the branch's committed
+    position 6 s past the windows' requests while their score results had still to come);
+    one had the audio topology's preprocess stage hold its outputs behind an unconfirmed
+    membership for 6 minutes without stopping (353 chunks without outcome) and the join
+    expire 5 windows. Both are open findings (issue 28 and the one after it in the closing
+    note of stop 27); until they are fixed this test's broker stays Tansu."""
     log_dir = tmp_path_factory.mktemp("durable-broker")
-    with start_own_broker(cli_env, log_dir, broker="kafka") as own:
+    with start_own_broker(cli_env, log_dir, log_store=s3_settings) as own:
         yield own
 
 
@@ -113,8 +117,7 @@ def test_broker_kill_9_and_restart_mid_stream(
     before = {run.workload.kind: run.worker.metric("pipeline_results_total") for run in runs}
     supervisor = Supervisor(runs)
     supervisor.start()
-    broker.crash(DOWN_S)
-    fault_end_ms = _now_ms()
+    fault_end_ms = broker.crash(DOWN_S)
     supervisor.until_done(broker.bootstrap)
     outputs = finish_all(runs, broker.bootstrap)
     notes = {
