@@ -43,6 +43,7 @@ _TAINT_VALUE = re.compile(rf"({_NAME_PART})?")
 """A taint's key is a qualified name (``example.com/name``), its value a label value: the
 API server's rules, checked here so a typo is one line now rather than a refused apply later."""
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _CPU = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)m?")
 _MEMORY = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:[kMGTPE]i?|Ki|[eE]\d+)?")
 """Kubernetes quantities as a person writes them for CPU (``500m``, ``1.5``) and memory
@@ -185,6 +186,9 @@ class DeployOptions:
             (self.triton_queue_target_us >= 1, "--triton-queue-target-us must be 1 or more"),
             (min(self.stage_resources.gpus, self.triton_resources.gpus) >= 0, "GPU counts must be 0 or more"),
             (self.strimzi_cluster is not None or not self.strimzi_users, "--strimzi-users needs --strimzi CLUSTER"),
+            # `--strimzi --strimzi-users` takes the flag as the cluster's name: say so, not write it.
+            (self.strimzi_cluster is None or _DNS_LABEL.fullmatch(self.strimzi_cluster) is not None,
+             f"--strimzi {self.strimzi_cluster!r}: a Strimzi cluster's name (lower-case letters, digits, '-')"),
         ]
         for ok, message in checks:
             if not ok:

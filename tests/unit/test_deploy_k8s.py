@@ -783,3 +783,13 @@ def test_the_command_line_takes_tolerations_and_strimzi_users(tmp_path: Path) ->
     users = list(yaml.safe_load_all((tmp_path / "k8s" / "kafka-users.yaml").read_text()))
     assert sorted(u["metadata"]["name"] for u in users) == ["audio-preprocess", "audio-vad"]
     assert "note: --strimzi-users: KEDA's Kafka scaler needs credentials too" in good.stdout
+
+
+def test_a_strimzi_cluster_name_that_is_a_flag_is_refused_in_one_line() -> None:
+    """``--strimzi --strimzi-users`` took the flag as the cluster's name and wrote KafkaTopics
+    labelled ``strimzi.io/cluster: --strimzi-users`` (found trying the command, 2026-11-27)."""
+    from pipeline.deploy.options import DeployOptions
+
+    with pytest.raises(ConfigError, match="--strimzi '--strimzi-users': a Strimzi cluster's name"):
+        DeployOptions(strimzi_cluster="--strimzi-users")
+    DeployOptions(strimzi_cluster="prod-kafka")  # a name is taken
