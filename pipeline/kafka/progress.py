@@ -210,31 +210,13 @@ async def fetched_ends(
     for _ in range(max_rounds):
         if not pending:
             break
-        cluster = await client.fetch_all_metadata()
-        by_node: dict[int, list[TopicPartition]] = {}
-        for tp in pending:
-            leader = cluster.leader_for_partition(tp)
-            if leader is not None and leader >= 0:
-                by_node.setdefault(leader, []).append(tp)
+        answers = await _fetch_at(client, {tp: ends[tp] for tp in pending}, partition_bytes=1 << 20, total_bytes=4 << 20)
         pending = set()
-        for node, tps in by_node.items():
-            topics: dict[str, list[tuple[int, int, int]]] = {}
-            for tp in tps:
-                topics.setdefault(tp.topic, []).append((tp.partition, ends[tp], 1 << 20))
-            request = FetchRequest(
-                max_wait_time=5, min_bytes=1, max_bytes=4 << 20, isolation_level=READ_UNCOMMITTED,
-                topics=list(topics.items()),
-            )
-            response = await client.send(node, request)
-            for topic, partitions in response.topics:
-                for partition, error_code, high, *rest in partitions:
-                    tp = TopicPartition(topic, partition)
-                    if error_code != 0 or tp not in ends:
-                        continue
-                    after = _next_offset(bytes(rest[-1]) if rest and rest[-1] else b"")
-                    ends[tp] = max(ends[tp], int(high), after)
-                    if after > 0:
-                        pending.add(tp)  # records came back: there may be more past them
+        for tp, (high, data) in answers.items():
+            after = _next_offset(data)
+            ends[tp] = max(ends[tp], high, after)
+            if after > 0:
+                pending.add(tp)  # records came back: there may be more past them
     return ends
 
 
@@ -255,28 +237,42 @@ async def record_stamps(
             rounds.append(free)
         free[tp] = offset
     found: dict[tuple[TopicPartition, int], int | None] = {}
-    cluster = await client.fetch_all_metadata()
     for wanted in rounds:
-        by_node: dict[int, list[TopicPartition]] = {}
-        for tp in wanted:
-            leader = cluster.leader_for_partition(tp)
-            if leader is not None and leader >= 0:
-                by_node.setdefault(leader, []).append(tp)
-        for node, tps in by_node.items():
-            topics: dict[str, list[tuple[int, int, int]]] = {}
-            for tp in tps:
-                topics.setdefault(tp.topic, []).append((tp.partition, wanted[tp], 64 << 10))
-            request = FetchRequest(
-                max_wait_time=5, min_bytes=1, max_bytes=1 << 20, isolation_level=READ_UNCOMMITTED,
-                topics=list(topics.items()),
-            )
-            response = await client.send(node, request)
-            for topic, partitions in response.topics:
-                for partition, error_code, _high, *rest in partitions:
-                    tp = TopicPartition(topic, partition)
-                    if error_code == 0 and tp in wanted:
-                        found[(tp, wanted[tp])] = _first_stamp(bytes(rest[-1]) if rest and rest[-1] else b"", wanted[tp])
+        answers = await _fetch_at(client, wanted, partition_bytes=64 << 10, total_bytes=1 << 20)
+        for tp, (_high, data) in answers.items():
+            found[(tp, wanted[tp])] = _first_stamp(data, wanted[tp])
     return {key: found.get((key[1], offset)) for key, offset in starts.items()}
+
+
+async def _fetch_at(
+    client: AIOKafkaClient, offsets: Mapping[TopicPartition, int], *, partition_bytes: int, total_bytes: int
+) -> dict[TopicPartition, tuple[int, bytes]]:
+    """One uncommitted-isolation fetch per partition leader at ``offsets``: per partition
+    answered without an error, its high watermark and record bytes (those in error are left
+    out). The progress poll's own reads, beside the stage's consumer (whose positions must
+    not move)."""
+    cluster = await client.fetch_all_metadata()
+    by_node: dict[int, list[TopicPartition]] = {}
+    for tp in offsets:
+        leader = cluster.leader_for_partition(tp)
+        if leader is not None and leader >= 0:
+            by_node.setdefault(leader, []).append(tp)
+    answers: dict[TopicPartition, tuple[int, bytes]] = {}
+    for node, tps in by_node.items():
+        topics: dict[str, list[tuple[int, int, int]]] = {}
+        for tp in tps:
+            topics.setdefault(tp.topic, []).append((tp.partition, offsets[tp], partition_bytes))
+        request = FetchRequest(
+            max_wait_time=5, min_bytes=1, max_bytes=total_bytes, isolation_level=READ_UNCOMMITTED,
+            topics=list(topics.items()),
+        )
+        response = await client.send(node, request)
+        for topic, partitions in response.topics:
+            for partition, error_code, high, *rest in partitions:
+                tp = TopicPartition(topic, partition)
+                if error_code == 0 and tp in offsets:
+                    answers[tp] = (int(high), bytes(rest[-1]) if rest and rest[-1] else b"")
+    return answers
 
 
 def _first_stamp(data: bytes, start: int) -> int | None:
