@@ -97,15 +97,20 @@ def header(record: ConsumerRecord[bytes, bytes], name: str) -> str | None:
     return value
 
 
-async def fill_two_partitions(bootstrap: str, topic: str, per_partition: int = 6) -> None:
-    """Create ``topic`` with two partitions and write ``p<partition>-<i>`` to each (key ``k``),
-    ``per_partition`` records: positions a test can read back by partition and offset."""
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` partitions, replication factor 1."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, 2, 1)])
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
     finally:
         await admin.close()
+
+
+async def fill_two_partitions(bootstrap: str, topic: str, per_partition: int = 6) -> None:
+    """Create ``topic`` with two partitions and write ``p<partition>-<i>`` to each (key ``k``),
+    ``per_partition`` records: positions a test can read back by partition and offset."""
+    await create_topic(bootstrap, topic, 2)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:

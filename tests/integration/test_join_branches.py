@@ -95,19 +95,14 @@ async def test_a_partitions_end_is_read_from_a_fetch_answer_where_list_offsets_a
     import uuid
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.client import AIOKafkaClient
     from aiokafka.structs import TopicPartition
 
     from pipeline.kafka.progress import fetched_ends
+    from tests.helpers.kafka_io import create_topic
 
     topic = f"ends-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 4, 1)])
-    finally:
-        await admin.close()
+    await create_topic(kafka_bootstrap, topic, 4)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
     await producer.start()
     try:
@@ -140,19 +135,14 @@ async def test_a_groups_position_is_the_stamp_of_the_record_at_its_committed_off
     import uuid
 
     from aiokafka import AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.client import AIOKafkaClient
     from aiokafka.structs import TopicPartition
 
     from pipeline.kafka.progress import record_stamps
+    from tests.helpers.kafka_io import create_topic
 
     topic = f"stamps-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 2, 1)])
-    finally:
-        await admin.close()
+    await create_topic(kafka_bootstrap, topic, 2)
     base = 1_700_000_000_000
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
     await producer.start()

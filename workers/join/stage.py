@@ -56,10 +56,10 @@ from pipeline.state import StateEntry
 from pipeline.state.codec import pack_bytes, payload_digest, unpack_bytes
 from workers.join.expiry import Judged, Rule, expiry_reason, expiry_rules
 from workers.runtime.dead_letters import dead_letter_record
-from workers.runtime.event_time import LATE_GRACE_MS, EventTimeClock, now_ms, reading_starts
+from workers.runtime.event_time import now_ms, reading_starts
 from workers.runtime.stage_io import StageIO
 from workers.runtime.stateful import StatefulStage
-from workers.runtime.upstream import UpstreamWatch, highwater_or_end
+from workers.runtime.upstream import watched_clock
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +163,14 @@ class JoinStage(StatefulStage):
         self.progress = UpstreamProgress(
             kafka, settings.upstream, settings.input_topics, gone_after_s=settings.branch_gone_after_s
         )
-        self.upstream = UpstreamWatch(self.progress, stage=io.stage, metrics=metrics)
-        position = (lambda tp: self.progress.position(self._branch_of[tp.topic], tp.partition)) if settings.upstream else None
-        self.clock = EventTimeClock(
-            highwater_or_end(self.highwater, self.progress),
+        self.upstream, self.clock = watched_clock(  # the one rule joins and sequence stages share
+            self.progress,
+            self.highwater,
+            stage=io.stage,
+            metrics=metrics,
             grace_ms=settings.window_ms,
-            upstream_position=position,
             fetched_at=self.fetched_at,
-            late_grace_ms=LATE_GRACE_MS,
+            branch_of=lambda tp: self._branch_of[tp.topic],
         )
         self._last_sweep = 0.0
 
