@@ -114,6 +114,7 @@ class MembershipLease:
         self._rebalancing = False
         self._open = False  # what the last allows() said
         self._fencing = False  # an expiry or a loss was logged: log its end too
+        self._stale_since: float | None = None  # first seen stale though renewable (after a resume, not before)
         self._on_fenced = on_fenced
 
     # ------------------------------------------------------------------ coordinator answers
@@ -133,6 +134,7 @@ class MembershipLease:
             self._confirmed_at = -math.inf  # not ours to use until the assignment is synced
         elif self._member:  # heartbeat or sync, no error
             self._confirmed_at = max(self._confirmed_at, sent_at)
+        self._stale_since = None  # the coordinator settled it (renewed, lost, rebalancing): not silent
 
     def _lose(self, why: str | None) -> None:
         if self._member and why is not None:
@@ -156,6 +158,10 @@ class MembershipLease:
         lost) and one when it stops; not the short gap of every rebalance's rejoin."""
         now = self.clock()
         fresh = self.fresh(now)
+        if fresh or not (self.renewable() and self._confirmed_at > -math.inf):
+            self._stale_since = None
+        elif self._stale_since is None:
+            self._stale_since = now
         if fresh != self._open:
             self._open = fresh
             if fresh and self._fencing:
@@ -168,6 +174,13 @@ class MembershipLease:
                     self.stage, self.generation, now - self._confirmed_at,
                 )
         return fresh
+
+    def unanswered_s(self) -> float:
+        """How long this lease has been seen stale while the coordinator neither renewed
+        it nor took it away (0 while fresh, lost, or in a rebalance). Counted from the
+        first :meth:`allows` that saw it stale, so a resumed zombie starts at 0: its stop
+        is not the coordinator's silence."""
+        return 0.0 if self._stale_since is None else self.clock() - self._stale_since
 
     def fenced(self, count: int) -> None:
         """``count`` held outputs were dropped: their partitions moved while they waited."""

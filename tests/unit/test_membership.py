@@ -424,3 +424,37 @@ async def test_a_call_waits_for_the_lease_no_longer_than_an_output_then_the_stag
     assert call.cancelled()
     assert len(failed) == 1 and isinstance(failed[0], KafkaTimeoutError)
     assert "membership not confirmed" in str(failed[0])
+
+
+async def test_a_stage_with_nothing_to_send_is_held_no_longer_than_an_output_then_stops() -> None:
+    """Seen on Apache Kafka restarted after kill -9: the lease went stale, the coordinator
+    neither renewed it nor took it away, and a stage with no output waiting was held for
+    minutes with green health. The consume loop's wait is bounded like an output's."""
+    clock = Clock()
+    fence = StageFence()
+    fence.lease = member(clock)
+    assert not await fence.held()
+    clock.now += 60.0  # a resumed zombie: its stop is not the coordinator's silence
+    assert await fence.held()
+    assert fence.lease.unanswered_s() == 0.0
+    clock.now += SEND_TIMEOUT_S - 0.1
+    assert await fence.held()
+    clock.now += 0.1
+    with pytest.raises(KafkaTimeoutError, match="neither confirmed nor lost in 30s"):
+        await fence.held()
+
+
+@pytest.mark.parametrize("answer", [(HEARTBEAT, NO_ERROR), (HEARTBEAT, UNKNOWN_MEMBER_ID), (HEARTBEAT, REBALANCE_IN_PROGRESS)])
+async def test_any_answer_that_settles_the_lease_ends_the_silence(answer: tuple[int, int]) -> None:
+    """Renewed, lost (the partitions go back), or a rebalance (bounded by the broker's own
+    rebalance timeout): none of them is the silence the bound is for."""
+    clock = Clock()
+    fence = StageFence()
+    fence.lease = member(clock)
+    clock.now += 8.0
+    assert await fence.held()
+    clock.now += SEND_TIMEOUT_S - 1
+    fence.lease.observe(*answer, clock.now)
+    clock.now += 2
+    await fence.held()  # does not raise
+    assert fence.lease.unanswered_s() == 0.0

@@ -43,9 +43,17 @@ class StageFence:
         return self.lease
 
     async def held(self) -> bool:
-        """True, after a short pause, while membership is unconfirmed: decide nothing now."""
+        """True, after a short pause, while membership is unconfirmed: decide nothing now.
+
+        Bounded like an output's wait (``SEND_TIMEOUT_S``): a lease the coordinator neither
+        confirms nor takes away for that long (seen on Apache Kafka restarted after kill -9:
+        a stage with nothing to send held for minutes, its health green) raises
+        :class:`KafkaTimeoutError`, which stops the stage in one line; its records are
+        replayed from the commit by whoever consumes the partitions next."""
         if self.lease is None or self.lease.allows():
             return False
+        if (silent := self.lease.unanswered_s()) >= SEND_TIMEOUT_S:
+            raise KafkaTimeoutError(f"{self.lease.stage}: group membership neither confirmed nor lost in {silent:.0f}s")
         await asyncio.sleep(POLL_S)
         return True
 
