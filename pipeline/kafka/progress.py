@@ -20,13 +20,16 @@ busier machine (issue 28). So each (branch, partition) is judged on evidence onl
 
 **A behind branch is judged by where its stages are, not by what they delivered.** Its
 position is the event time of the oldest record its groups have still to finish: the
-timestamp of the record at each group's committed offset, the lowest over every group of
-the branch with records left. Everything the branch will still deliver comes from those
-records or later ones. What it has delivered so far is no bound: after a rebalance a
-stage's new owner redoes the records the fence held back, and appends their outputs
-after later requests' (the broker kill test on Apache Kafka, 2026-11-27: 3 windows
-expired while score redid them), and a producer that is not idempotent can reorder a
-partition after a broker outage.
+lowest timestamp among the records from each group's committed offset to its input's end,
+over every group of the branch with records left (:class:`~pipeline.kafka.partition_reads.OldestLeft`
+reads them; unknown, so 0, until it has read them all). Everything the branch will still
+deliver comes from those records. Neither what it has delivered so far nor the record at a
+committed offset is a bound: partitions are not ordered by time. After a rebalance a
+stage's new owner redoes the records the fence held back and appends their outputs after
+later requests' (the broker kill test on Apache Kafka, 2026-11-27: 3 windows expired while
+score redid them); two input partitions interleave into one output partition at their own
+pace (2026-11-28: the record at score's committed offset was stamped 6 s past requests
+still to come after it); a producer that is not idempotent can reorder a partition.
 
 The groups feeding a branch are walked from the branch's own step upstream (``depth``):
 the first that is not caught up decides. A gone branch step is gone even while the steps
@@ -54,12 +57,10 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
-from aiokafka.consumer.fetcher import READ_UNCOMMITTED
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.fetch import FetchRequest
-from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
+from pipeline.kafka.partition_reads import OldestLeft, fetch_at, next_offset
 from pipeline.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -210,96 +211,14 @@ async def fetched_ends(
     for _ in range(max_rounds):
         if not pending:
             break
-        answers = await _fetch_at(client, {tp: ends[tp] for tp in pending}, partition_bytes=1 << 20, total_bytes=4 << 20)
+        answers = await fetch_at(client, {tp: ends[tp] for tp in pending}, partition_bytes=1 << 20, total_bytes=4 << 20)
         pending = set()
         for tp, (high, data) in answers.items():
-            after = _next_offset(data)
+            after = next_offset(data)
             ends[tp] = max(ends[tp], high, after)
             if after > 0:
                 pending.add(tp)  # records came back: there may be more past them
     return ends
-
-
-async def record_stamps(
-    client: AIOKafkaClient, starts: Mapping[tuple[str, TopicPartition], int]
-) -> dict[tuple[str, TopicPartition], int | None]:
-    """(group, partition) -> the timestamp of the first record at or after the group's start
-    offset (None: the fetch brought none, e.g. only transaction markers or an error).
-
-    One fetch per leader and round; groups that share a partition (a fan-out) at different
-    offsets take a round each, since a fetch names a partition once.
-    """
-    rounds: list[dict[TopicPartition, int]] = []
-    for (_group, tp), offset in sorted(starts.items(), key=lambda kv: (kv[0][1], kv[1])):
-        free = next((r for r in rounds if tp not in r or r[tp] == offset), None)
-        if free is None:
-            free = {}
-            rounds.append(free)
-        free[tp] = offset
-    found: dict[tuple[TopicPartition, int], int | None] = {}
-    for wanted in rounds:
-        answers = await _fetch_at(client, wanted, partition_bytes=64 << 10, total_bytes=1 << 20)
-        for tp, (_high, data) in answers.items():
-            found[(tp, wanted[tp])] = _first_stamp(data, wanted[tp])
-    return {key: found.get((key[1], offset)) for key, offset in starts.items()}
-
-
-async def _fetch_at(
-    client: AIOKafkaClient, offsets: Mapping[TopicPartition, int], *, partition_bytes: int, total_bytes: int
-) -> dict[TopicPartition, tuple[int, bytes]]:
-    """One uncommitted-isolation fetch per partition leader at ``offsets``: per partition
-    answered without an error, its high watermark and record bytes (those in error are left
-    out). The progress poll's own reads, beside the stage's consumer (whose positions must
-    not move)."""
-    cluster = await client.fetch_all_metadata()
-    by_node: dict[int, list[TopicPartition]] = {}
-    for tp in offsets:
-        leader = cluster.leader_for_partition(tp)
-        if leader is not None and leader >= 0:
-            by_node.setdefault(leader, []).append(tp)
-    answers: dict[TopicPartition, tuple[int, bytes]] = {}
-    for node, tps in by_node.items():
-        topics: dict[str, list[tuple[int, int, int]]] = {}
-        for tp in tps:
-            topics.setdefault(tp.topic, []).append((tp.partition, offsets[tp], partition_bytes))
-        request = FetchRequest(
-            max_wait_time=5, min_bytes=1, max_bytes=total_bytes, isolation_level=READ_UNCOMMITTED,
-            topics=list(topics.items()),
-        )
-        response = await client.send(node, request)
-        for topic, partitions in response.topics:
-            for partition, error_code, high, *rest in partitions:
-                tp = TopicPartition(topic, partition)
-                if error_code == 0 and tp in offsets:
-                    answers[tp] = (int(high), bytes(rest[-1]) if rest and rest[-1] else b"")
-    return answers
-
-
-def _first_stamp(data: bytes, start: int) -> int | None:
-    """The timestamp of the first data record at or after ``start`` in a fetch answer's bytes."""
-    records = MemoryRecords(data)
-    while records.has_next():
-        batch = records.next_batch()
-        if batch is None:
-            break
-        if getattr(batch, "is_control_batch", False):
-            continue
-        for record in batch:
-            if record.offset >= start:
-                return int(record.timestamp)
-    return None
-
-
-def _next_offset(data: bytes) -> int:
-    """The offset after the last complete batch in a fetch answer's record bytes (0: none)."""
-    records = MemoryRecords(data)
-    after = 0
-    while records.has_next():
-        batch = records.next_batch()
-        if batch is None:
-            break
-        after = max(after, int(batch.next_offset))
-    return after
 
 
 def live_members(responses: Iterable[object]) -> dict[str, int]:
@@ -338,6 +257,7 @@ class UpstreamProgress:
         self._client: AIOKafkaClient | None = None
         self._states: dict[tuple[str, int], BranchState] | None = None
         self._positions: dict[str, int] = {}
+        self._oldest = OldestLeft()
         self._ends: dict[TopicPartition, int] = {}
         self._seen: tuple[Committed, Mapping[TopicPartition, int], Mapping[TopicPartition, int]] | None = None
         """The last poll's committed offsets, their inputs' ends and the own inputs' ends."""
@@ -451,7 +371,7 @@ class UpstreamProgress:
             self._ends = own_ends
             self._seen = (committed, ends, own_ends)  # formatted only when logged (evidence())
             starts = {key: _start(committed[key], beginning.get(key[1], 0)) for key in left}
-            stamps = await record_stamps(self._client, starts) if self._client is not None and starts else {}
+            stamps = await self._oldest.oldest(self._client, starts, ends) if self._client is not None else {}
         except (KafkaError, OSError) as exc:
             log.warning("progress of upstream groups unknown (%r): windows wait", exc)
             self._states = None

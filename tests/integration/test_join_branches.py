@@ -128,38 +128,60 @@ async def test_a_partitions_end_is_read_from_a_fetch_answer_where_list_offsets_a
     assert {tp.partition: ends[tp] for tp in tps} == acked
 
 
-async def test_a_groups_position_is_the_stamp_of_the_record_at_its_committed_offset(kafka_bootstrap: str) -> None:
+async def test_a_groups_position_is_the_oldest_stamp_it_has_left(kafka_bootstrap: str) -> None:
     """Issue 28: a behind branch is judged by the timestamp of the oldest record its groups
-    have left, read from the broker at each group's start offset. Two groups on one partition
-    (a fan-out) at different offsets each get their own record's stamp."""
+    have left, read from the broker from each group's start offset to the end. Two groups on
+    one partition (a fan-out) at different offsets each get their own; a partition whose
+    later records are older (a redone request appended after newer ones) answers with the
+    older stamp, not the one at the committed offset; records added later are read too."""
     import uuid
 
     from aiokafka import AIOKafkaProducer
     from aiokafka.client import AIOKafkaClient
     from aiokafka.structs import TopicPartition
 
-    from pipeline.kafka.progress import record_stamps
+    from pipeline.kafka.partition_reads import OldestLeft
     from tests.helpers.kafka_io import create_topic
 
     topic = f"stamps-{uuid.uuid4().hex[:8]}"
-    await create_topic(kafka_bootstrap, topic, 2)
+    await create_topic(kafka_bootstrap, topic, 3)
     base = 1_700_000_000_000
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        for partition in (0, 1):
-            sent = [
-                await producer.send(topic, b"x", partition=partition, timestamp_ms=base + 1_000 * partition + i)
-                for i in range(500)
-            ]
-            await asyncio.gather(*sent)
-    finally:
-        await producer.stop()
-    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    p0, p1, p2 = (TopicPartition(topic, p) for p in range(3))
+
+    async def send(partition: int, stamps: list[int]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            await asyncio.gather(*[await producer.send(topic, b"x", partition=partition, timestamp_ms=t) for t in stamps])
+        finally:
+            await producer.stop()
+
+    for partition in (0, 1):
+        await send(partition, [base + 1_000 * partition + i for i in range(500)])
+    # p2: in time order up to 300, then requests redone 6 s older than the record at 300.
+    await send(2, [base + 10_000 + i for i in range(300)] + [base + 4_000 + i for i in range(5)])
+    reads = OldestLeft(partition_bytes=4 << 10)  # small reads: several rounds, and a second poll
     client = AIOKafkaClient(bootstrap_servers=kafka_bootstrap)
     await client.bootstrap()
     try:
-        stamps = await record_stamps(client, {("fast", p0): 420, ("slow", p0): 17, ("slow", p1): 0, ("done", p1): 500})
+        starts = {("fast", p0): 420, ("slow", p0): 17, ("slow", p1): 0, ("done", p1): 500, ("score", p2): 290}
+        ends = {p0: 500, p1: 500, p2: 305}
+        stamps = await reads.oldest(client, starts, ends)
+        for _ in range(10):  # what one poll's rounds did not reach, the next ones read
+            if all(v is not None for k, v in stamps.items() if k != ("done", p1)):
+                break
+            stamps = await reads.oldest(client, starts, ends)
+        assert stamps == {
+            ("fast", p0): base + 420,
+            ("slow", p0): base + 17,
+            ("slow", p1): base + 1_000,
+            ("done", p1): None,
+            ("score", p2): base + 4_000,
+        }
+        await send(2, [base + 3_000])  # one more, older still: read on the next poll
+        stamps = await reads.oldest(client, {("score", p2): 303}, {p2: 306})
+        assert stamps == {("score", p2): base + 3_000}
+        stamps = await reads.oldest(client, {("score", p2): 305}, {p2: 306})
+        assert stamps == {("score", p2): base + 3_000}
     finally:
         await client.close()
-    assert stamps == {("fast", p0): base + 420, ("slow", p0): base + 17, ("slow", p1): base + 1_000, ("done", p1): None}
