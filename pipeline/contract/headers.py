@@ -81,6 +81,10 @@ class HeaderIndex:
     def get(self, name: str) -> str | None:
         return _single(self._values.get(name, ()), name)
 
+    def names(self) -> frozenset[str]:
+        """The (lower-cased) names present with a value."""
+        return frozenset(self._values)
+
 
 def _single(values: Sequence[bytes], name: str) -> str | None:
     if not values:

@@ -272,11 +272,17 @@ def _as_array(values: Any) -> np.ndarray:
     return np.array(values, dtype=object) if array.dtype.kind == "S" else array
 
 
+_PLAIN_HEADERS = frozenset({h.CONTENT_TYPE, h.CORRELATION_ID})
+"""A request with no header but these (the common case) skips the optional ones' lookups."""
+
+
 def _header_fields(headers: h.HeaderIndex) -> _HeaderFields:
     notes: list[str] = []
     correlation_id = headers.get(h.CORRELATION_ID) or None
     if correlation_id is not None:
         _check_correlation_id(correlation_id, ErrorClass.BAD_HEADER, "header 'correlation-id'")
+    if headers.names() <= _PLAIN_HEADERS:
+        return _HeaderFields(correlation_id, None, None, None, None, ())
     # Tracing is best effort: a bad traceparent (malformed, repeated, not UTF-8) costs the
     # trace link, never the request.
     try:
@@ -320,6 +326,20 @@ def _check_correlation_id(value: str, error: ErrorClass, where: str) -> None:
 
 def _build(payload: Payload, fields: _HeaderFields, content_type: str) -> InferenceRequest:
     correlation_id = _correlation_id(payload.id, fields.correlation_id)
+    if not payload.parameters:  # the common case: nothing to pop, check or merge
+        return InferenceRequest(
+            **payload.shared_fields(),
+            correlation_id=correlation_id,
+            inputs=payload.tensors,
+            requested_outputs=payload.requested_outputs,
+            parameters={},
+            content_type=content_type,
+            deadline_ms=fields.deadline_ms,
+            priority=fields.priority,
+            timeout_us=fields.timeout_us,
+            traceparent=fields.traceparent,
+            notes=fields.notes,
+        )
     params = dict(payload.parameters)
     sequence_id = _sequence_id(params.pop(SEQUENCE_ID, None))
     sequence_start = _flag(params.pop(SEQUENCE_START, False), SEQUENCE_START)

@@ -11,13 +11,13 @@ what lies behind the stage's seams is faked:
 - the aiokafka clients the outbox calls (:class:`FakeProducer` ``send``, :class:`FakeConsumer`
   ``commit``): they record what would be produced and committed, and acknowledge at once.
 
-The harness feeds records the way ``StreamStage._consume`` does (``outbox.track``, ``handle``
-per record, one ``tick`` per fetch) and shuts down the way ``StreamStage._drain`` does
+The harness feeds records the way ``StreamStage._take`` does (``outbox.track`` and ``accept``
+per record, one count per fetch, then one ``tick``) and shuts down the way ``StreamStage._drain`` does
 (``release``, ``flush``, ``commit``). Two seams are not public, so it reaches them directly:
 ``StreamStage.start`` builds the clients and the outbox itself (and asks a broker first), so
 the outbox is put in ``stage._outbox``; and the consume loop's per-record body is not a
-callable unit, so :meth:`StageHarness.feed` restates it. An unexpected exception from
-``handle`` propagates here (the loop would dead-letter it as an internal error): a test
+callable unit without a consumer, so :meth:`StageHarness.feed` restates it. An unexpected
+exception from ``accept`` propagates here (the loop would dead-letter it as an internal error): a test
 should fail loudly on a stage bug. The outbox sends record by record (``batch_sends=False``):
 record batches need aiokafka's batch builder and cluster metadata; they change how outputs
 are handed over, not their order or the commits.
@@ -232,12 +232,15 @@ class StageHarness:
     async def feed(self, records: Iterable[Record], *, partition: int = 0) -> None:
         """One fetch's records into the stage, as the consume loop hands them over: each
         tracked in the outbox and handled with its slot, then one ``tick``."""
+        taken = 0
         for record in records:
             consumed = self._consumed(record, partition)
             slot = self.outbox.track(consumed)
-            self.stage.outcomes.consumed()
+            taken += 1
             self.stage.passing(consumed)
-            await self.stage.fence.guard(self.stage.handle(consumed, slot))
+            if (waiting := self.stage.accept(consumed, slot)) is not None:
+                await self.stage.fence.guard(waiting)
+        self.stage.outcomes.consumed(taken)
         await self.stage.fence.guard(self.stage.tick())
 
     async def pump(self, until: Callable[[], bool] | None = None, *, timeout_s: float = 1.0) -> None:

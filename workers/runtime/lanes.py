@@ -93,9 +93,9 @@ class LaneScheduler:
         self.held: set[TopicPartition] = set()
         """Partitions this scheduler paused (flow control may have paused others)."""
 
-    def consumed(self, tp: TopicPartition) -> None:
-        if (counter := self._requests.get(tp.topic)) is not None:
-            counter.inc()
+    def consumed(self, tp: TopicPartition, count: int = 1) -> None:
+        if count and (counter := self._requests.get(tp.topic)) is not None:
+            counter.inc(count)
 
     async def apply(self, consumer: AIOKafkaConsumer, owned: Collection[TopicPartition], backpressure: bool) -> None:
         """Pause the lanes below the highest busy one; resume what no longer needs holding."""

@@ -21,8 +21,10 @@ class StageOutcomes:
         self._end_to_end = metrics.end_to_end.labels(stage)
         self._retries = metrics.triton_retries.labels(stage)
 
-    def consumed(self) -> None:
-        self._requests.inc()
+    def consumed(self, count: int = 1) -> None:
+        """``count`` records of one fetched partition batch were taken (one increment per batch)."""
+        if count:
+            self._requests.inc(count)
 
     def acknowledged(self, out: OutRecord) -> None:
         """The broker has ``out``: count it as a result or a dead letter, with its latency."""

@@ -124,6 +124,12 @@ class StreamStage(abc.ABC):
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         """Process one record; complete ``slot`` now or later (never drop it)."""
 
+    def accept(self, record: ConsumedRecord, slot: Slot[Outputs]) -> Awaitable[None] | None:
+        """What the consume loop runs per record: :meth:`handle`'s coroutine (awaited under
+        the fence's guard), or None from a stage that takes the record without waiting (the
+        stateless stage only queues it for a batch: no coroutine per record)."""
+        return self.handle(record, slot)
+
     async def tick(self) -> None:
         """Called at least every few milliseconds: release work that is due."""
 
@@ -261,30 +267,40 @@ class StreamStage(abc.ABC):
             for tp, records in batch.items():
                 if not await self._may_handle(consumer, tp):
                     continue  # revoked meanwhile: its next owner consumes these records
-                for record in records:
-                    if tp not in self._owned or self.fence.revocations != revocations:
-                        break  # revoked while we were handling this batch (even if assigned again)
-                    slot = self.outbox.track(record, self._traces)
-                    self.outcomes.consumed()
-                    if self._lanes is not None:
-                        self._lanes.consumed(tp)
-                    self.passing(record)
-                    if isinstance(record, UnreadableRecord):
-                        self.metrics.unreadable_records.labels(stage, record.cause).inc()
-                        self.dead_letter(record, slot, ErrorClass.UNREADABLE_RECORD, record.reason)
-                        continue
-                    try:
-                        await self.fence.guard(self.handle(record, slot))
-                    except Exception as exc:
-                        log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
-                        self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
-                    if slot.size > HEAVY_RECORD_BYTES:
-                        # Decoding ~16 MiB of JSON holds the loop ~0.5 s (json.loads keeps the GIL,
-                        # so a thread would not help): let heartbeats and the outbox run between.
-                        await asyncio.sleep(0)
+                taken = await self._take(tp, records, revocations)
+                self.outcomes.consumed(taken)
+                if self._lanes is not None:
+                    self._lanes.consumed(tp, taken)
                 if records:
                     self.lag.observe(consumer, tp, records[-1].offset)
             await self.fence.guard(self.tick())
+
+    async def _take(self, tp: TopicPartition, records: list[ConsumedRecord], revocations: int) -> int:
+        """Give one partition's fetched records, in order, to the stage; how many it took
+        (fewer when the partition was revoked meanwhile: its next owner has the rest)."""
+        stage = self.io.stage
+        taken = 0
+        for record in records:
+            if tp not in self._owned or self.fence.revocations != revocations:
+                break  # revoked while we were handling this batch (even if assigned again)
+            slot = self.outbox.track(record, self._traces)
+            taken += 1
+            self.passing(record)
+            if isinstance(record, UnreadableRecord):
+                self.metrics.unreadable_records.labels(stage, record.cause).inc()
+                self.dead_letter(record, slot, ErrorClass.UNREADABLE_RECORD, record.reason)
+                continue
+            try:
+                if (waiting := self.accept(record, slot)) is not None:
+                    await self.fence.guard(waiting)
+            except Exception as exc:
+                log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
+                self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
+            if slot.size > HEAVY_RECORD_BYTES:
+                # Decoding ~16 MiB of JSON holds the loop ~0.5 s (json.loads keeps the GIL,
+                # so a thread would not help): let heartbeats and the outbox run between.
+                await asyncio.sleep(0)
+        return taken
 
     async def _may_handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> bool:
         """Wait while ``tp`` is assigned but still being restored; False once it is not ours."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,15 @@ class BatchingStage(StreamStage):
 
     # ------------------------------------------------------------------ per record
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
+        self.queue(record, slot)
+
+    def accept(self, record: ConsumedRecord, slot: Slot[Outputs]) -> Awaitable[None] | None:
+        self.queue(record, slot)
+        return None  # nothing waited for: the consume loop runs no coroutine per record
+
+    def queue(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
+        """Decode, check and queue the record for a batch (or dead-letter it); nothing here
+        waits: the batch's call is a task of its own."""
         assert self._batcher is not None
         try:
             admitted = self.intake.admit(record)

@@ -11,6 +11,7 @@ batch forms when a call can start and shares its rows among the waiting tenants.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from pipeline.kafka.ordering import Slot
@@ -57,9 +58,12 @@ class TenantBatchingStage(BatchingStage):
             return super()._new_batcher(max_rows, max_elements)
         return stage_batcher(max_rows, self.settings, self._tasks, fair=True, max_elements=max_elements)
 
+    def accept(self, record: ConsumedRecord, slot: Slot[Outputs]) -> Awaitable[None] | None:
+        return self.handle(record, slot)  # the gate may wait (a quota's admission)
+
     async def handle(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
         if await self._gate.admit(record, slot):
-            await super().handle(record, slot)
+            self.queue(record, slot)
         # else: delayed, dead-lettered quota-exceeded, or held until due
 
     async def tick(self) -> None:
