@@ -10,7 +10,7 @@ no consumer's position.
 ordered by timestamp. A stage writing it appends outputs as it finishes them: after a
 rebalance or a broker restart, its new owner redoes older requests and appends their
 outputs after newer ones; two input partitions interleave into one output partition at
-whatever pace each is processed. The broker kill test on Apache Kafka (2026-11-28) showed
+whatever pace each is processed. The broker kill test on Apache Kafka (2026-11-27) showed
 it: a join's branch committed at a record stamped 6 s past requests whose outputs were
 still further on in the same partition, and the join expired their windows. So
 :class:`OldestLeft` reads every record from each group's committed offset to the end, once

@@ -28,7 +28,7 @@ committed offset is a bound: partitions are not ordered by time. After a rebalan
 stage's new owner redoes the records the fence held back and appends their outputs after
 later requests' (the broker kill test on Apache Kafka, 2026-11-27: 3 windows expired while
 score redid them); two input partitions interleave into one output partition at their own
-pace (2026-11-28: the record at score's committed offset was stamped 6 s past requests
+pace (2026-11-27: the record at score's committed offset was stamped 6 s past requests
 still to come after it); a producer that is not idempotent can reorder a partition.
 
 The groups feeding a branch are walked from the branch's own step upstream (``depth``):
