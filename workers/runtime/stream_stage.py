@@ -245,7 +245,6 @@ class StreamStage(abc.ABC):
     async def _consume(self, stop: asyncio.Event, emitter: asyncio.Task[None]) -> None:
         consumer = self._consumer
         assert consumer is not None
-        stage = self.io.stage
         while not stop.is_set():
             if emitter.done():
                 emitter.result()  # surfaces an outbox failure
