@@ -22,8 +22,9 @@ its end, the oldest stamp there is unknown (None), and nothing may close on it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 from aiokafka.consumer.fetcher import READ_UNCOMMITTED
@@ -65,16 +66,22 @@ async def fetch_at(
     return answers
 
 
-def record_stamps(data: bytes) -> tuple[list[tuple[int, int]], int]:
-    """A fetch answer's data records as (offset, timestamp), and the offset after its last
-    complete batch (0: none; transaction markers move it too)."""
+def _batches(data: bytes) -> Iterator[Any]:
+    """The complete record batches of a fetch answer's record bytes."""
     records = MemoryRecords(data)
-    stamps: list[tuple[int, int]] = []
-    after = 0
     while records.has_next():
         batch = records.next_batch()
         if batch is None:
             break
+        yield batch
+
+
+def record_stamps(data: bytes) -> tuple[list[tuple[int, int]], int]:
+    """A fetch answer's data records as (offset, timestamp), and the offset after its last
+    complete batch (0: none; transaction markers move it too)."""
+    stamps: list[tuple[int, int]] = []
+    after = 0
+    for batch in _batches(data):
         after = max(after, int(batch.next_offset))
         if not getattr(batch, "is_control_batch", False):
             stamps.extend((int(record.offset), int(record.timestamp)) for record in batch)
@@ -83,14 +90,7 @@ def record_stamps(data: bytes) -> tuple[list[tuple[int, int]], int]:
 
 def next_offset(data: bytes) -> int:
     """The offset after the last complete batch in a fetch answer's record bytes (0: none)."""
-    records = MemoryRecords(data)
-    after = 0
-    while records.has_next():
-        batch = records.next_batch()
-        if batch is None:
-            break
-        after = max(after, int(batch.next_offset))
-    return after
+    return max((int(batch.next_offset) for batch in _batches(data)), default=0)
 
 
 @dataclass
