@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 from pipeline.runtime.supervisor import RestartPolicy, Supervisor
@@ -35,14 +36,23 @@ def test_children_exiting_0_end_the_supervisor_with_0() -> None:
     assert asyncio.run(supervisor.run()) == 0
 
 
-def test_stop_forwards_sigterm_and_waits_for_the_children() -> None:
-    # Each child exits 0 on SIGTERM, as `pipeline run` does after its drain.
-    child = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(30)"
+def test_stop_forwards_sigterm_and_waits_for_the_children(tmp_path: Path) -> None:
+    # Each child exits 0 on SIGTERM, as `pipeline run` does after its drain. It says when its
+    # handler is in place: a SIGTERM before that (Python starting slowly on a busy machine,
+    # CI of 2026-11-28) would kill it with the default action, which is not what is tested.
+    ready = tmp_path / "ready"
+    child = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
+        "open(sys.argv[1], 'a').write('ready\\n'); time.sleep(30)"
+    )
 
     async def scenario() -> int:
-        supervisor = Supervisor(lambda _i: _python(child), 2, stop_timeout_s=10)
+        supervisor = Supervisor(lambda _i: [*_python(child), str(ready)], 2, stop_timeout_s=10)
         running = asyncio.create_task(supervisor.run())
-        await asyncio.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().count("ready") == 2):
+            assert time.monotonic() < deadline, "children not started in 30 s"
+            await asyncio.sleep(0.05)
         supervisor.stop()
         return await asyncio.wait_for(running, 10)
 
