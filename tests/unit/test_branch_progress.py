@@ -355,3 +355,21 @@ def test_an_expiry_logs_the_offsets_it_was_decided_on_once_per_branch_partition(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "score expired on" in lines[0] and "last read None, start None" in lines[0], lines
     assert "upstream: no poll yet" in lines[0]
+
+
+def test_the_oldest_record_left_is_a_sliding_minimum_over_offsets_not_the_first_stamp() -> None:
+    """A partition out of timestamp order (a request redone after newer ones): the oldest
+    stamp from any start offset on, as the start moves forward and records are added."""
+    from pipeline.kafka.partition_reads import _Left
+
+    left = _Left(base=10, read_to=10)
+    left.add([(10, 500), (11, 900), (12, 400), (13, 950), (14, 700)], after=15)
+    assert left.minima[0] == (12, 400) and left.read_to == 15
+    left.add([(12, 1)], after=13)  # already read: ignored
+    assert left.minima[0] == (12, 400)
+    left.start_at(13)  # the group committed past the oldest one
+    assert left.minima[0] == (14, 700)
+    left.add([(15, 650)], after=16)
+    assert left.minima[0] == (15, 650)
+    left.start_at(16)
+    assert not left.minima and left.read_to == 16
