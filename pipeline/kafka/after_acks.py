@@ -21,6 +21,7 @@ the same per-line order.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka.membership import LineFence
 from pipeline.kafka.ordering import Slot
+from pipeline.kafka.state_writes import StateWrites
 
 #: The outbox's send of ``slot.output[index]``: (output, slot, index) -> its delivery future.
 SendOne = Callable[[Any, Slot[Any], int], Awaitable[asyncio.Future[Any]]]
@@ -38,10 +40,11 @@ SendRecord = Callable[[Any], Awaitable[asyncio.Future[Any]]]
 class AfterAcks:
     """Sends the after-acks tail of slots, per partition line in slot order."""
 
-    def __init__(self, send: SendOne, fence: LineFence, send_record: SendRecord) -> None:
+    def __init__(self, send: SendOne, fence: LineFence, send_record: SendRecord, writes: StateWrites) -> None:
         self._send = send
         self._send_record = send_record
         self._fence = fence
+        self._writes = writes  # a key's state records in decision order across lines
         self._barriers: dict[TopicPartition, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -52,8 +55,13 @@ class AfterAcks:
 
         async def rest() -> list[asyncio.Future[Any]]:
             assert slot.output is not None
-            admitted = await self._fence.admitted(slot, len(slot.output) - split)
-            return [await self._send(out, slot, i) for i, out in enumerate(slot.output) if admitted and i >= split]
+            if not await self._fence.admitted(slot, len(slot.output) - split):
+                return []
+            delivered = []
+            for i, out in enumerate(slot.output):
+                if i >= split:
+                    delivered.append(await self._ordered(out, functools.partial(self._send, out, slot, i)))
+            return delivered
 
         return self._chain(slot, sent, rest)
 
@@ -63,9 +71,18 @@ class AfterAcks:
 
         async def rest() -> list[asyncio.Future[Any]]:
             admitted = await self._fence.admitted(anchor, len(records))
-            return [await self._send_record(out) for out in records] if admitted else []
+            return [await self._ordered(out, functools.partial(self._send_record, out)) for out in records] if admitted else []
 
         return self._chain(anchor, sent, rest)
+
+    async def _ordered(self, out: Any, send: Callable[[], Awaitable[asyncio.Future[Any]]]) -> asyncio.Future[Any]:
+        """Send ``out``, unless a newer state write of its key was sent already: then its
+        delivery stands for this one (``pipeline/kafka/state_writes.py``)."""
+        if (newer := self._writes.superseded(out)) is not None:
+            return newer
+        delivery = await send()
+        self._writes.sent(out, delivery)
+        return delivery
 
     def _chain(
         self, slot: Slot[Any], sent: list[asyncio.Future[Any]], rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]

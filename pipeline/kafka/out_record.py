@@ -37,6 +37,9 @@ class OutRecord:
     its input's, so every stage of a topology sees the request's event time."""
     redirected_from: tuple[str, int | None] | None = None
     """Set on a result sent to its reply topic: the topic and partition it was bound for."""
+    version: int | None = None
+    """A state record's place in the order its store decided (:mod:`pipeline.kafka.state_writes`:
+    an older write of the same key is never written after a newer one)."""
 
 
 Outputs = tuple[OutRecord, ...]

@@ -36,6 +36,7 @@ from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
 from pipeline.kafka.out_record import Outputs, OutRecord, OversizeHandler, ReplyRedirect
 from pipeline.kafka.output_sender import OutputSender, send_record
 from pipeline.kafka.record_batches import RecordBatches
+from pipeline.kafka.state_writes import StateWrites
 
 # The outbox's vocabulary (out_record.py) and send_record (output_sender.py): imported from here.
 __all__ = [
@@ -89,7 +90,8 @@ class Outbox:
         self._sender = OutputSender(
             producer, oversize=oversize, replies=replies, delivery=self._delivery, delivered=self._delivered
         )
-        self._after_acks = AfterAcks(self._sender.send, self._fence, self._sender.send_record)
+        self.state_writes = StateWrites()  # a key's checkpoints in decision order, whichever line carries them
+        self._after_acks = AfterAcks(self._sender.send, self._fence, self._sender.send_record, self.state_writes)
         self.groups = CheckpointGroups(self._acknowledge, self._after_acks, self._delivery)  # coalesced checkpoints
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None

@@ -91,6 +91,7 @@ class KeyedStateStore(Generic[S]):
         self._entries: dict[bytes, StateEntry[S]] = {}
         self._expiry: list[tuple[float, int, bytes]] = []  # heap; stale items skipped
         self._order = itertools.count()
+        self._versions = itertools.count()
         self._loaded: set[int] = set()
 
     # ------------------------------------------------------------------ ownership
@@ -210,4 +211,5 @@ class KeyedStateStore(Generic[S]):
             partition=partition,
             after_acks=True,
             counts_as_result=False,
+            version=next(self._versions),  # decision order: pipeline/kafka/state_writes.py
         )

@@ -198,10 +198,14 @@ class StreamStage(abc.ABC):
         membership fence lets them (:meth:`StageFence.admit_unowned`)."""
         assert self._producer is not None
         await self.fence.admit_unowned(self.io.stage, len(records))
-        futures = [
-            await self._producer.send(r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition)
-            for r in records
-        ]
+        writes = self.outbox.state_writes  # a tombstone or marker never lands before an older checkpoint
+        futures = []
+        for r in records:
+            if (newer := writes.superseded(r)) is not None:
+                futures.append(newer)
+                continue
+            futures.append(await self._producer.send(r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition))
+            writes.sent(r, futures[-1])
         outcomes = await asyncio.gather(*futures, return_exceptions=True)  # all retrieved: none "never retrieved"
         if failed := [r for r in outcomes if isinstance(r, BaseException)]:
             raise failed[0]
