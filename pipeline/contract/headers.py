@@ -8,7 +8,7 @@ every header they do not own untouched (byte for byte, order kept).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, KeysView, Sequence
 
 from pipeline.contract.errors import BadRequest, ErrorClass
 
@@ -81,9 +81,9 @@ class HeaderIndex:
     def get(self, name: str) -> str | None:
         return _single(self._values.get(name, ()), name)
 
-    def names(self) -> frozenset[str]:
+    def names(self) -> KeysView[str]:
         """The (lower-cased) names present with a value."""
-        return frozenset(self._values)
+        return self._values.keys()
 
 
 def _single(values: Sequence[bytes], name: str) -> str | None:

@@ -326,20 +326,6 @@ def _check_correlation_id(value: str, error: ErrorClass, where: str) -> None:
 
 def _build(payload: Payload, fields: _HeaderFields, content_type: str) -> InferenceRequest:
     correlation_id = _correlation_id(payload.id, fields.correlation_id)
-    if not payload.parameters:  # the common case: nothing to pop, check or merge
-        return InferenceRequest(
-            **payload.shared_fields(),
-            correlation_id=correlation_id,
-            inputs=payload.tensors,
-            requested_outputs=payload.requested_outputs,
-            parameters={},
-            content_type=content_type,
-            deadline_ms=fields.deadline_ms,
-            priority=fields.priority,
-            timeout_us=fields.timeout_us,
-            traceparent=fields.traceparent,
-            notes=fields.notes,
-        )
     params = dict(payload.parameters)
     sequence_id = _sequence_id(params.pop(SEQUENCE_ID, None))
     sequence_start = _flag(params.pop(SEQUENCE_START, False), SEQUENCE_START)

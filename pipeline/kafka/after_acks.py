@@ -60,7 +60,7 @@ class AfterAcks:
             delivered = []
             for i, out in enumerate(slot.output):
                 if i >= split:
-                    delivered.append(await self._ordered(out, functools.partial(self._send, out, slot, i)))
+                    delivered.append(await self._writes.write(out, functools.partial(self._send, out, slot, i)))
             return delivered
 
         return self._chain(slot, sent, rest)
@@ -71,18 +71,9 @@ class AfterAcks:
 
         async def rest() -> list[asyncio.Future[Any]]:
             admitted = await self._fence.admitted(anchor, len(records))
-            return [await self._ordered(out, functools.partial(self._send_record, out)) for out in records] if admitted else []
+            return [await self._writes.write(out, functools.partial(self._send_record, out)) for out in records] if admitted else []
 
         return self._chain(anchor, sent, rest)
-
-    async def _ordered(self, out: Any, send: Callable[[], Awaitable[asyncio.Future[Any]]]) -> asyncio.Future[Any]:
-        """Send ``out``, unless a newer state write of its key was sent already: then its
-        delivery stands for this one (``pipeline/kafka/state_writes.py``)."""
-        if (newer := self._writes.superseded(out)) is not None:
-            return newer
-        delivery = await send()
-        self._writes.sent(out, delivery)
-        return delivery
 
     def _chain(
         self, slot: Slot[Any], sent: list[asyncio.Future[Any]], rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]

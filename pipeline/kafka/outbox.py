@@ -90,8 +90,8 @@ class Outbox:
         self._sender = OutputSender(
             producer, oversize=oversize, replies=replies, delivery=self._delivery, delivered=self._delivered
         )
-        self.state_writes = StateWrites()  # a key's checkpoints in decision order, whichever line carries them
-        self._after_acks = AfterAcks(self._sender.send, self._fence, self._sender.send_record, self.state_writes)
+        self._writes = StateWrites()  # a key's checkpoints in decision order, whichever line carries them
+        self._after_acks = AfterAcks(self._sender.send, self._fence, self._sender.send_record, self._writes)
         self.groups = CheckpointGroups(self._acknowledge, self._after_acks, self._delivery)  # coalesced checkpoints
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
@@ -169,6 +169,17 @@ class Outbox:
                     elif not await self._batched(slot, batches):
                         await self._emit_alone(slot, redirected=True)
                         batches.after_alone({out.topic for out in slot.output or ()})
+
+    async def send_unowned(self, records: list[OutRecord]) -> list[asyncio.Future[Any]]:
+        """Hand outputs no slot owns (an expiry, an idle close, a tombstone) to the producer,
+        a state record only if no newer write of its key went before it; their deliveries."""
+        producer = self._producer
+        return [
+            await self._writes.write(
+                r, functools.partial(producer.send, r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition)
+            )
+            for r in records
+        ]
 
     async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
         """Append the slot's output to its partition's batch when it is one plain record

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.client import AIOKafkaClient
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.consumer.fetcher import READ_UNCOMMITTED
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.memory_records import MemoryRecords
@@ -37,12 +38,17 @@ GroupPartition = tuple[str, TopicPartition]
 
 
 async def fetch_at(
-    client: AIOKafkaClient, offsets: Mapping[TopicPartition, int], *, partition_bytes: int, total_bytes: int
+    client: AIOKafkaClient,
+    offsets: Mapping[TopicPartition, int],
+    *,
+    partition_bytes: int,
+    total_bytes: int,
+    cluster: ClusterMetadata | None = None,
 ) -> dict[TopicPartition, tuple[int, bytes]]:
     """One uncommitted-isolation fetch per partition leader at ``offsets``: per partition
     answered without an error, its high watermark and record bytes (those in error are left
-    out)."""
-    cluster = await client.fetch_all_metadata()
+    out). ``cluster``: the leaders as the caller's poll already read them (None: ask)."""
+    cluster = cluster if cluster is not None else await client.fetch_all_metadata()
     by_node: dict[int, list[TopicPartition]] = {}
     for tp in offsets:
         leader = cluster.leader_for_partition(tp)
@@ -129,7 +135,11 @@ class OldestLeft:
         self._max_rounds = max_rounds
 
     async def oldest(
-        self, client: AIOKafkaClient, starts: Mapping[GroupPartition, int], ends: Mapping[TopicPartition, int]
+        self,
+        client: AIOKafkaClient,
+        starts: Mapping[GroupPartition, int],
+        ends: Mapping[TopicPartition, int],
+        cluster: ClusterMetadata | None = None,
     ) -> dict[GroupPartition, int | None]:
         """``starts``: where each group's records left begin; ``ends``: the partitions' ends.
         None where the records left are not all read yet, or hold no data record."""
@@ -147,7 +157,9 @@ class OldestLeft:
                     wanted[tp] = left.read_to  # groups at other offsets of tp: next round
             if not wanted:
                 break
-            answers = await fetch_at(client, wanted, partition_bytes=self._partition_bytes, total_bytes=self._total_bytes)
+            answers = await fetch_at(
+                client, wanted, partition_bytes=self._partition_bytes, total_bytes=self._total_bytes, cluster=cluster
+            )
             moved = False
             for tp, (_high, data) in answers.items():
                 stamps, after = record_stamps(data)

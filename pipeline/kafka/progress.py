@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
@@ -192,7 +193,11 @@ def branch_positions(
 
 
 async def fetched_ends(
-    client: AIOKafkaClient, listed: Mapping[TopicPartition, int], *, max_rounds: int = 8
+    client: AIOKafkaClient,
+    listed: Mapping[TopicPartition, int],
+    *,
+    max_rounds: int = 8,
+    cluster: ClusterMetadata | None = None,
 ) -> dict[TopicPartition, int]:
     """The end of each partition as the records a fetch returns show it, never below ``listed``
     (what ListOffsets answered) nor the high watermark a fetch reports.
@@ -211,7 +216,9 @@ async def fetched_ends(
     for _ in range(max_rounds):
         if not pending:
             break
-        answers = await fetch_at(client, {tp: ends[tp] for tp in pending}, partition_bytes=1 << 20, total_bytes=4 << 20)
+        answers = await fetch_at(
+            client, {tp: ends[tp] for tp in pending}, partition_bytes=1 << 20, total_bytes=4 << 20, cluster=cluster
+        )
         pending = set()
         for tp, (high, data) in answers.items():
             after = next_offset(data)
@@ -358,7 +365,7 @@ class UpstreamProgress:
             # listed end before a group counts as caught up on it (only those: it costs a fetch).
             done = {tp for key in committed if key not in left and (tp := key[1]) in ends}
             if self._client is not None and done:
-                ends = {**ends, **await fetched_ends(self._client, {tp: ends[tp] for tp in done})}
+                ends = {**ends, **await fetched_ends(self._client, {tp: ends[tp] for tp in done}, cluster=cluster)}
                 left = backlog(committed, beginning, ends)
             own = [TopicPartition(topic, p) for topic in self._own_topics for p in numbers]
             own_ends = dict(await consumer.end_offsets(own)) if own else {}
@@ -367,11 +374,11 @@ class UpstreamProgress:
             # whose records were still to come (backlog test, 2026-11-27: 4,965 joins expired
             # "caught-up"). From the listed end the fetch reads only the tail past it.
             if self._client is not None and own_ends:
-                own_ends = await fetched_ends(self._client, own_ends)
+                own_ends = await fetched_ends(self._client, own_ends, cluster=cluster)
             self._ends = own_ends
             self._seen = (committed, ends, own_ends)  # formatted only when logged (evidence())
             starts = {key: _start(committed[key], beginning.get(key[1], 0)) for key in left}
-            stamps = await self._oldest.oldest(self._client, starts, ends) if self._client is not None else {}
+            stamps = await self._oldest.oldest(self._client, starts, ends, cluster) if self._client is not None else {}
         except (KafkaError, OSError) as exc:
             log.warning("progress of upstream groups unknown (%r): windows wait", exc)
             self._states = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipeline.kafka.out_record import OutRecord
@@ -55,6 +56,15 @@ class StateWrites:
             self._latest[key] = (out.version, delivery)
             self._latest.move_to_end(key)
             self._prune()
+
+    async def write(self, out: OutRecord, send: Callable[[], Awaitable[asyncio.Future[Any]]]) -> asyncio.Future[Any]:
+        """Send ``out`` with ``send``, unless a newer write of its key was sent already: then
+        that one's delivery stands for this one."""
+        if (newer := self.superseded(out)) is not None:
+            return newer
+        delivery = await send()
+        self.sent(out, delivery)
+        return delivery
 
     def _prune(self) -> None:
         while len(self._latest) > self._max_keys:

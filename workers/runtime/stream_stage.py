@@ -61,10 +61,23 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self._stage._owned.difference_update(revoked)
         self._stage.fence.revocations += 1
         try:
-            await self._stage.hand_back(list(revoked))
+            await self._hand_back(list(revoked))
         except Exception as exc:
             self._stage.fail(exc)
             raise
+
+    async def _hand_back(self, partitions: list[TopicPartition]) -> None:
+        """Finish what the stage holds for ``partitions``, commit it, let them go."""
+        stage = self._stage
+        if stage._outbox is None or not partitions:
+            return
+        await stage.release(partitions)  # completes (or abandons) the stage's work on them
+        await stage.outbox.flush(stage.io.drain_timeout_s)
+        await stage.outbox.commit(partitions)
+        dropped = sum(stage.outbox.forget(tp) for tp in partitions)
+        stage._fetch.forget(partitions)
+        await stage.forget(partitions)
+        log.info("%s: handed back %s (%d unfinished, replayed by next owner)", stage.io.stage, partitions, dropped)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self._stage.io.stage, sorted(map(str, assigned)))
@@ -196,16 +209,8 @@ class StreamStage(abc.ABC):
         """Produce outputs no input record owns (an expiry, an idle close, a tombstone):
         all handed to the producer first, then awaited together (one round trip), once the
         membership fence lets them (:meth:`StageFence.admit_unowned`)."""
-        assert self._producer is not None
         await self.fence.admit_unowned(self.io.stage, len(records))
-        writes = self.outbox.state_writes  # a tombstone or marker never lands before an older checkpoint
-        futures = []
-        for r in records:
-            if (newer := writes.superseded(r)) is not None:
-                futures.append(newer)
-                continue
-            futures.append(await self._producer.send(r.topic, value=r.value, key=r.key, headers=r.headers, partition=r.partition))
-            writes.sent(r, futures[-1])
+        futures = await self.outbox.send_unowned(records)  # a state record never after a newer one
         outcomes = await asyncio.gather(*futures, return_exceptions=True)  # all retrieved: none "never retrieved"
         if failed := [r for r in outcomes if isinstance(r, BaseException)]:
             raise failed[0]
@@ -312,18 +317,6 @@ class StreamStage(abc.ABC):
                 return False
             await asyncio.sleep(0.01)
         return True
-
-    async def hand_back(self, partitions: list[TopicPartition]) -> None:
-        """Rebalance: finish what we hold for ``partitions``, commit it, let them go."""
-        if self._outbox is None or not partitions:
-            return
-        await self.release(partitions)  # completes (or abandons) the stage's work on them
-        await self.outbox.flush(self.io.drain_timeout_s)
-        await self.outbox.commit(partitions)
-        dropped = sum(self.outbox.forget(tp) for tp in partitions)
-        self._fetch.forget(partitions)
-        await self.forget(partitions)
-        log.info("%s: handed back %s (%d unfinished, replayed by next owner)", self.io.stage, partitions, dropped)
 
     async def _drain(self) -> None:
         """Release (at most two thirds of the bound, so flush and commit keep some), flush, commit."""
