@@ -78,7 +78,7 @@ class PipelineMetrics:
         self.queue_delay = histogram(
             _LATENCY_BUCKETS,
             "pipeline_queue_delay_seconds",
-            "Time a request waited in the batcher before its Triton call.",
+            "Longest time a request of a batch waited in the batcher before the batch's call (one observation per call).",
         )
         self.triton_latency = histogram(
             _LATENCY_BUCKETS,

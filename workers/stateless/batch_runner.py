@@ -104,10 +104,9 @@ class BatchRunner:
             self._succeed(live, output)
 
     async def _call(self, items: list[Pending]) -> BatchOutput:
-        now = time.monotonic()
-        queue_delay = self.metrics.queue_delay.labels(self.io.stage)
-        for item in items:
-            queue_delay.observe(now - item.enqueued)
+        # One observation per call, not per request: the longest wait in the batch, which is
+        # what a latency bound is about (issue 22: metrics by batch).
+        self.metrics.queue_delay.labels(self.io.stage).observe(time.monotonic() - min(item.enqueued for item in items))
         rows = sum(item.rows for item in items)
         self.metrics.batch_size.labels(self.io.stage).observe(rows)
         # Tracing: each record's wait ends; the call is one span, child of the first record's
@@ -128,10 +127,14 @@ class BatchRunner:
         """Each request's result: the stage's result steps and tensor map per request, then
         the values and headers of the whole batch in one pass where they share a layout
         (:mod:`pipeline.contract.response_batch`), else request by request."""
-        ready: list[tuple[Pending, dict[str, np.ndarray], dict[str, str]]] = []
+        ready: list[tuple[Pending, dict[str, np.ndarray], dict[str, str] | None]] = []
+        passes_through = self.tensor_map.passes_through  # datatypes only where a record is encoded alone
         for item, outputs in zip(items, output.outputs, strict=True):
             for step in self.results:
                 outputs = step(outputs, item.length)
+            if passes_through:
+                ready.append((item, outputs, None))
+                continue
             try:
                 tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
             except BadRequest as bad:
@@ -146,6 +149,8 @@ class BatchRunner:
             )
         if values is None:
             for item, tensors, datatypes in ready:
+                if datatypes is None:
+                    tensors, datatypes = self.tensor_map.from_model(item.message, tensors)
                 self._succeed_one(item, tensors, datatypes, model, version, output.route)
             return
         headers = ResultHeaders(
@@ -196,16 +201,16 @@ class BatchRunner:
 
     def _drop_expired(self, items: list[Pending]) -> list[Pending]:
         """Dead-letter requests whose deadline passed while they waited; keep the rest."""
+        now_ms = int(time.time() * 1000)
         live = []
         for item in items:
-            if expired(item.request):
+            if item.request.expired(now_ms):
                 self.fail(item, ErrorClass.DEADLINE_EXCEEDED, "deadline exceeded while queued")
             else:
                 live.append(item)
         return live
 
 
-
-
 def expired(request: InferenceRequest) -> bool:
-    return request.expired(int(time.time() * 1000))
+    """Whether the request's deadline has passed (no clock read for the many without one)."""
+    return request.deadline_ms is not None and request.expired(int(time.time() * 1000))

@@ -29,6 +29,11 @@ class TensorMap:
     carry: bool = False  # outgoing messages keep the incoming tensors (graph steps)
     keep: Sequence[str] | None = None  # the result keeps only these tensors
 
+    @property
+    def passes_through(self) -> bool:
+        """Whether the outgoing message's tensors are the model's outputs as they are."""
+        return not self.output_map and not self.carry and self.keep is None
+
     def to_model(self, request: InferenceRequest) -> InferenceRequest:
         """The request as the model sees it: its inputs under the model's names."""
         if not self.input_map:
