@@ -136,11 +136,9 @@ class BatchRunner:
                 ready.append((item, outputs, None))
                 continue
             try:
-                tensors, datatypes = self.tensor_map.from_model(item.message, outputs)
+                ready.append((item, *self.tensor_map.from_model(item.message, outputs)))
             except BadRequest as bad:
                 self.fail(item, bad.error_class, bad.reason)
-                continue
-            ready.append((item, tensors, datatypes))
         model, version = output.model_name, output.model_version
         values = None
         if not self.io.emit_requests and ready:
@@ -148,9 +146,8 @@ class BatchRunner:
                 [item.message for item, _, _ in ready], [t for _, t, _ in ready], model_name=model, model_version=version
             )
         if values is None:
-            for item, tensors, datatypes in ready:
-                if datatypes is None:
-                    tensors, datatypes = self.tensor_map.from_model(item.message, tensors)
+            for item, produced, known in ready:
+                tensors, datatypes = (produced, known) if known is not None else self.tensor_map.from_model(item.message, produced)
                 self._succeed_one(item, tensors, datatypes, model, version, output.route)
             return
         headers = ResultHeaders(
