@@ -224,6 +224,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules in the order that lets two test processes finish together (tests/helpers/module_order.py)."""
+    from tests.helpers.module_order import module_order
+
+    items[:] = module_order(items)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A test marked ``exclusive`` runs with no other test beside it (its setup and teardown
