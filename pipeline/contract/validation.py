@@ -118,3 +118,33 @@ def validate_outputs(request: InferenceRequest, outputs_spec: Sequence[DeclaredT
 
 def _dims_match(actual: tuple[int, ...], expected: tuple[int, ...]) -> bool:
     return len(actual) == len(expected) and all(e == -1 or a == e for a, e in zip(actual, expected, strict=False))
+
+
+class AcceptedLayouts:
+    """Request layouts one model description has accepted, so a repeated one is not checked again.
+
+    What :func:`validate_model`, :func:`validate_inputs` and :func:`validate_outputs` decide
+    depends on the request's layout alone: model and version, tensor names, datatypes and
+    shapes, requested outputs. A producer repeats a few layouts, and checking each record
+    again cost a stateless stage 10 % of its CPU (issue 22, ``benchmarks.stateless
+    --profile``). Bounded (a stream of distinct layouts starts over, never grows), and
+    emptied when the description it was checked against is replaced (a model reload).
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._description: object | None = None
+        self._keys: set[object] = set()
+
+    @staticmethod
+    def key(request: InferenceRequest) -> object:
+        shapes = tuple([(name, request.datatypes[name], array.shape) for name, array in request.inputs.items()])
+        return request.model_name, request.model_version, request.requested_outputs, shapes
+
+    def holds(self, key: object, description: object) -> bool:
+        return description is self._description and key in self._keys
+
+    def add(self, key: object, description: object) -> None:
+        if description is not self._description or len(self._keys) >= self.capacity:
+            self._description, self._keys = description, set()
+        self._keys.add(key)

@@ -184,7 +184,8 @@ class Outbox:
     async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
         """Append the slot's output to its partition's batch when it is one plain record
         (redirected to its reply topic, if any, either way)."""
-        await self._sender.redirect(slot)
+        if self._sender.redirects:  # no coroutine per record where no output can ask for one
+            await self._sender.redirect(slot)
         assert slot.output is not None
         if len(slot.output) != 1 or slot.output[0].after_acks:
             return False

@@ -64,6 +64,11 @@ class OutputSender:
         self._resent: set[Slot[Outputs]] = set()
         self._senders: set[asyncio.Task[None]] = set()
 
+    @property
+    def redirects(self) -> bool:
+        """Whether outputs may ask for a reply topic (a topology with ``reply_topics``)."""
+        return self._replies is not None
+
     async def redirect(self, slot: Slot[Outputs]) -> None:
         """Move the slot's outputs that ask for an allowed reply topic there."""
         if self._replies is not None and slot.output is not None:

@@ -44,7 +44,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import triton_to_np_dtype
 
 from pipeline.contract.request import InferenceRequest
-from pipeline.contract.validation import validate_inputs, validate_model, validate_outputs
+from pipeline.contract.validation import AcceptedLayouts, validate_inputs, validate_model, validate_outputs
 from pipeline.failure_policy import Failure
 from pipeline.observability.tracing import CallSpan, grpc_metadata
 from pipeline.settings import TritonSettings
@@ -85,6 +85,7 @@ class TritonModelBackend:
         # Large tensors through Triton system shared memory (pipeline/triton/shared_memory.py).
         self._shm_options, self._stage, self._count_shm = shared_memory, stage or model, count_shared_memory
         self._shm: RegionPool | None = None
+        self._accepted = AcceptedLayouts()
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self) -> int:
@@ -135,11 +136,17 @@ class TritonModelBackend:
 
     # ------------------------------------------------------------------ requests
     def check(self, request: InferenceRequest) -> None:
-        """Model, version, tensor names, datatypes and shapes against the model's metadata."""
-        assert self.description is not None
+        """Model, version, tensor names, datatypes and shapes against the model's metadata
+        (once per layout and description: :class:`AcceptedLayouts`)."""
+        description = self.description
+        assert description is not None
+        key = AcceptedLayouts.key(request)
+        if self._accepted.holds(key, description):
+            return
         validate_model(request, model_name=self.model, model_version=self.model_version)
-        validate_inputs(request, self.description.inputs, max_batch_size=self.description.max_batch_size)
-        validate_outputs(request, self.description.outputs)
+        validate_inputs(request, description.inputs, max_batch_size=description.max_batch_size)
+        validate_outputs(request, description.outputs)
+        self._accepted.add(key, description)
 
     def rows(self, request: InferenceRequest) -> int:
         assert self.description is not None
