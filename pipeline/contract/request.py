@@ -157,7 +157,12 @@ def decode_request(
     value = bytes(value)
     payload = (json_form if form is WireForm.JSON else protobuf_form).parse_request(value)
     request = _build(payload, fields, media)
-    if fields.plain and form is WireForm.PROTOBUF and (layout := layout_of(value, media, request)) is not None:
+    if (
+        fields.plain
+        and form is WireForm.PROTOBUF
+        and _LAYOUTS.wants()
+        and (layout := layout_of(value, media, request)) is not None
+    ):
         _LAYOUTS.learn(layout)
     return request
 

@@ -43,6 +43,13 @@ MAX_LAYOUTS = 32
 """Layouts kept per process (the most recently used first): a stateless stage's producers
 send a few; a sequence stage's parameters differ per stream and flag."""
 
+LEARN_UNMATCHED = 64
+"""Layouts learnt in a row with no record matching any: then learning backs off (a producer
+whose every record differs, such as a sequence's chunks, whose ``chunk_index`` parameter
+changes each time, would otherwise pay for a layout per record)."""
+LEARN_BACKED_OFF_EVERY = 1024
+"""While backed off, one record in this many decoded in full is still learnt from."""
+
 _ID_FIELD = 3
 _RAW_FIELD = 7
 _ORDER = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4, 6: 5, 7: 6}  # canonical field order of ModelInferRequest
@@ -81,6 +88,18 @@ class Layouts:
         self.capacity = capacity
         self._layouts: list[Layout] = []
         self._lock = threading.Lock()  # decoding may run in more than one thread (tools)
+        self._unmatched = 0  # layouts learnt since a record last matched one
+        self._backed_off = 0  # full decodes not learnt from since the last one learnt
+
+    def wants(self) -> bool:
+        """Whether a record just decoded in full should be learnt from (:data:`LEARN_UNMATCHED`)."""
+        if self._unmatched < LEARN_UNMATCHED:
+            return True
+        self._backed_off += 1
+        if self._backed_off < LEARN_BACKED_OFF_EVERY:
+            return False
+        self._backed_off = 0
+        return True
 
     def match(self, value: bytes, media: str) -> tuple[Layout, str, dict[str, np.ndarray]] | None:
         """The layout ``value`` repeats, its ``id`` (not yet checked) and its tensors (views
@@ -88,12 +107,14 @@ class Layouts:
         for index, layout in enumerate(self._layouts):
             found = _matches(layout, value, media)
             if found is not None:
+                self._unmatched = 0
                 if index:
                     self._promote(layout)
                 return layout, found[0], found[1]
         return None
 
     def learn(self, layout: Layout) -> None:
+        self._unmatched += 1
         with self._lock:
             kept = [known for known in self._layouts if known.head != layout.head or known.body != layout.body]
             self._layouts = [layout, *kept][: self.capacity]

@@ -201,3 +201,27 @@ def test_random_requests_decode_alike_both_ways(
     assert fast == full
     if learnt and full[0] == "request" and len(ids[1].encode()) < 0x80:
         assert matched, "a valid record of a learnt layout takes the fast path"
+
+
+def test_learning_backs_off_when_no_record_repeats_a_layout(layouts: Layouts) -> None:
+    """A sequence's chunks differ in a parameter each time: after LEARN_UNMATCHED layouts that no
+    record matched, only one full decode in LEARN_BACKED_OFF_EVERY is learnt from; a match resumes."""
+    from pipeline.contract.request_layouts import LEARN_BACKED_OFF_EVERY, LEARN_UNMATCHED
+
+    def chunk(index: int) -> Record:
+        return features(index, parameters={"chunk_index": index})
+
+    for index in range(LEARN_UNMATCHED + 200):
+        record = chunk(index)
+        decode_request(record.value, list(record.headers))
+    assert layouts._unmatched == LEARN_UNMATCHED, "no more layouts learnt once backed off"
+    index = LEARN_UNMATCHED + 200
+    while layouts._unmatched == LEARN_UNMATCHED:
+        index += 1
+        record = chunk(index)
+        decode_request(record.value, list(record.headers))
+    assert index - LEARN_UNMATCHED == LEARN_BACKED_OFF_EVERY, "one full decode in LEARN_BACKED_OFF_EVERY is still learnt from"
+    again = features(777, parameters={"chunk_index": index})  # repeats the layout just learnt
+    assert layouts.match(again.value, MEDIA) is not None
+    decode_request(again.value, list(again.headers))
+    assert layouts._unmatched == 0 and layouts.wants() is True
