@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.embedded.process import ServiceStartError, SupervisedProcess, die_with_parent, free_port, port_open
+from pipeline.embedded.process import ServiceStartError, SupervisedProcess, die_with_parent, free_ports, port_open
 from pipeline.errors import PipelineError
 
 KAFKA_VERSION = "4.4.0"
@@ -191,8 +191,10 @@ class ApacheKafka:
         self.start_timeout = start_timeout
         self.work_dir = Path(tempfile.mkdtemp(prefix="pipeline-kafka-"))
         self.cluster_id = new_cluster_id()
+        ports = free_ports(2 * nodes)  # distinct: a broker's and a controller's listener per node
         self.nodes = [
-            KafkaNode(i, free_port(), free_port(), self.work_dir / f"node-{i}" / "data") for i in range(1, nodes + 1)
+            KafkaNode(i, ports[2 * i - 2], ports[2 * i - 1], self.work_dir / f"node-{i}" / "data")
+            for i in range(1, nodes + 1)
         ]
         self.started_at: float | None = None
         self.startup_seconds: float | None = None

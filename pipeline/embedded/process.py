@@ -32,9 +32,21 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that nothing listens on right now. Each socket stays bound
+    until all are picked: ports picked one after another may repeat, since the kernel can hand
+    a just-closed one out again (a CI run's Triton got one port for gRPC and metrics and
+    refused to start, 2026-11-28)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:

@@ -23,7 +23,7 @@ from typing_extensions import Self
 
 from pipeline.embedded import kafka_broker
 from pipeline.embedded.kafka_broker import KAFKA_VERSION, ApacheKafka
-from pipeline.embedded.process import SupervisedProcess, free_port
+from pipeline.embedded.process import SupervisedProcess, free_port, free_ports
 from pipeline.embedded.services import (
     LOCALHOST,
     TlsFiles,
@@ -215,7 +215,8 @@ class EmbeddedStack:
 
     def _start_triton(self, index: int = 0) -> None:
         """One more Triton on the same store: ``triton``, then ``triton-2``, ``triton-3``..."""
-        ports = TritonPorts(http=free_port(), grpc=free_port(), metrics=free_port())
+        http, grpc, metrics = free_ports(3)
+        ports = TritonPorts(http=http, grpc=grpc, metrics=metrics)
         s3 = self.endpoints.s3
         self._run(
             triton_process(

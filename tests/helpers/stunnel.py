@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.embedded.process import SupervisedProcess, free_port, port_open
+from pipeline.embedded.process import SupervisedProcess, free_ports, port_open
 from pipeline.embedded.services import LOCALHOST, TlsFiles, broker_process
 from pipeline.settings import KafkaSettings
 from tests.helpers.tls_certs import server_tls_files
@@ -86,7 +86,7 @@ class TlsKafka:
 def tls_kafka(work_dir: Path) -> Iterator[TlsKafka]:
     """A Tansu of its own (memory storage) whose every client connection is TLS."""
     tls = server_tls_files(work_dir / "pki")
-    plain_port, tls_port = free_port(), free_port()
+    plain_port, tls_port = free_ports(2)
     broker = broker_process(plain_port, work_dir, advertised_port=tls_port)
     terminator = stunnel_process(tls_port, plain_port, tls, work_dir)
     broker.start()
