@@ -167,10 +167,6 @@ def decode_request(
     return request
 
 
-_LAYOUTS = Layouts()
-"""Layouts of requests this process has decoded in full (:mod:`pipeline.contract.request_layouts`)."""
-
-
 def _plain_headers(headers: h.HeaderPairs | None) -> tuple[str, str | None] | None:
     """The content type and correlation ID of a record whose only headers are these two
     (the common case), both UTF-8; None sends the record to the general header reading."""
