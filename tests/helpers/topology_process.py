@@ -196,6 +196,21 @@ class PipelineProcess:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
         )
 
+    def metric_reaching(self, name: str, expected: float, timeout: float = 15.0, **labels: str) -> float:
+        """``metric(name)`` once it is at least ``expected``, or its last value after ``timeout``.
+
+        A stage counts a result or a dead letter when the broker acknowledges it, and a
+        test's consumer can read the record before the producer's acknowledgement
+        arrives: a count read the moment the outputs are seen may still be short by
+        records in flight. The caller asserts equality on what this returns, so a count
+        that overshoots still fails."""
+        deadline = time.monotonic() + timeout
+        value = self.metric(name, **labels)
+        while value < expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+            value = self.metric(name, **labels)
+        return value
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 

@@ -89,7 +89,7 @@ def test_ten_thousand_requests_all_answered_correctly_and_in_partition_order(
         # The endpoints answer while the stage works.
         assert worker.get("/healthz")[0] == 200
         assert worker.get("/readyz")[0] == 200
-        assert worker.metric("pipeline_results_total") == n
+        assert worker.metric_reaching("pipeline_results_total", n) == n
         batches = worker.metric("pipeline_batch_size_count")
         assert 0 < batches < n / 4, f"{batches} Triton calls for {n} requests: not batching"
         assert worker.terminate(timeout=60) == 0, worker.log()
@@ -219,7 +219,7 @@ def test_bad_input_goes_to_dead_letters_with_reason_and_the_worker_goes_on(
     with pipeline_process(topo, cli_env, tmp_path) as worker:
         asyncio.run(produce(kafka_bootstrap, topo.input_topic, records))
         out = collect_outputs(kafka_bootstrap, topo, lambda rs: len(rs) >= len(records), timeout=60)
-        dead_metric = worker.metric("pipeline_dead_letters_total")
+        dead_metric = worker.metric_reaching("pipeline_dead_letters_total", len(bad))
         assert worker.terminate() == 0
 
     results = out.on(topo.result_topic)
