@@ -11,6 +11,7 @@ request) and every Kafka case moves the same ~100-byte protobuf request records.
 (c) naive worker          consume 1 -> decode -> infer 1 -> produce 1 -> await ack -> commit
 (d) our stateless stage   ``python -m pipeline run`` on a dense.yaml-like topology
 (e) faust echo agent      faust-streaming agent forwarding each event (optional)
+(r) librdkafka echo       (a) with confluent-kafka's C clients: the transport's floor
 
 Every worker is a child process (it never shares an event loop or a GIL with
 the measuring process). All are started at once so their consumer-group joins
@@ -83,6 +84,7 @@ CASES: dict[str, str] = {
     "u": "(d) on asyncio's event loop",
     "h": "(d) holding partial batches",
     "e": "faust echo agent",
+    "r": "librdkafka echo",
 }
 VARIANTS_OF_D: dict[str, tuple[dict[str, str], dict[str, Any], str]] = {
     "p": ({"PIPELINE_KAFKA_BATCH_SENDS": "false"}, {}, "the outbox's record batches against per-record sends"),
@@ -95,9 +97,11 @@ VARIANTS_OF_D: dict[str, tuple[dict[str, str], dict[str, Any], str]] = {
 """(d) again with one setting changed (environment, batching), in the same run: what that
 setting gains (d / key in throughput; key / d in latency)."""
 STAGE_CASES = "d" + "".join(VARIANTS_OF_D)
-KAFKA_CASES = "ac" + STAGE_CASES + "e"
+KAFKA_CASES = "ac" + STAGE_CASES + "er"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
 TARGET_VS_NAIVE = 10.0  # d >= 10 * c
+TARGET_CPU_US = 40.0  # issue 22: the stage's worker CPU per request
+TARGET_VS_ECHO_CPU = 0.6  # issue 22: min(a, r) CPU per request / d's
 
 console = report.wide_console(132)
 
@@ -326,6 +330,10 @@ class Benchmark(StackBenchmark[Config]):
             notes: tuple[str, ...] = (
                 "aiokafka, acks=all, linger 2 ms, commit every 0.5 s past acked offsets",
             )
+        elif key == "r":
+            argv = [py, "-m", "benchmarks.workers", "rdecho", *common, *fetch]
+            marker, n, verify = "READY", cfg.requests, _same_value
+            notes = ("confluent-kafka (librdkafka), acks=all, linger 2 ms, commit every 0.5 s past acked offsets",)
         elif key == "c":
             argv = [
                 py,
@@ -497,6 +505,22 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         out["d_over_min_a_b_target"] = TARGET_VS_BOUND
         out["d_over_min_a_b_met"] = d / bound >= TARGET_VS_BOUND
         out["min_a_b_is"] = "a" if a <= b else "b"
+    # Issue 22's targets, on worker CPU per request (what the stage itself spends): the stage
+    # against the aiokafka echo (a) and the librdkafka echo (r), and its absolute bound.
+    cpu = {key: _cpu_us_per_request(results.get(key)) for key in "adr"}
+    if (stage_cpu := cpu["d"]) is not None:
+        out["d_cpu_us_per_request"] = stage_cpu
+        out["d_cpu_target_us"] = TARGET_CPU_US
+        out["d_cpu_met"] = stage_cpu <= TARGET_CPU_US
+        for key in "ar":
+            if (echo_cpu := cpu[key]) is not None:
+                out[f"{key}_cpu_over_d_cpu"] = echo_cpu / stage_cpu  # 1.0: the stage costs no more than the echo
+        floors = [c for key in "ar" if (c := cpu[key]) is not None]
+        if floors:
+            ratio = min(floors) / stage_cpu
+            out["echo_cpu_over_d_cpu"] = ratio
+            out["echo_cpu_over_d_cpu_target"] = TARGET_VS_ECHO_CPU
+            out["echo_cpu_over_d_cpu_met"] = ratio >= TARGET_VS_ECHO_CPU
     for key in VARIANTS_OF_D:
         if d is not None and (variant := report.throughput_of(results, key)) is not None:
             out[f"d_over_{key}"] = d / variant  # what the setting gains, same run
@@ -509,6 +533,13 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         out["d_over_c_target"] = TARGET_VS_NAIVE
         out["d_over_c_met"] = d / c >= TARGET_VS_NAIVE
     return out
+
+
+def _cpu_us_per_request(result: CaseResult | None) -> float | None:
+    """A Kafka case's worker CPU per request in its last throughput round (None: not measured)."""
+    rounds = result.extra.get("throughput_rounds") if result is not None and result.error is None else None
+    value = rounds[-1].get("worker_cpu_us_per_request") if rounds else None
+    return float(value) if value is not None else None
 
 
 def print_report(
@@ -575,6 +606,20 @@ def print_report(
                 f"latency {key} / d: p50 {rat[f'{key}_over_d_p50_ms']:.2f}, "
                 f"p99 {rat.get(f'{key}_over_d_p99_ms', float('nan')):.2f}  ({gain})"
             )
+    if "d_cpu_us_per_request" in rat:
+        console.print(
+            f"worker CPU per request: d {rat['d_cpu_us_per_request']:.1f} µs (target <= {TARGET_CPU_US:g}): "
+            f"{verdict(rat['d_cpu_met'])}"
+            + "".join(
+                f"; {key} / d = {rat[f'{key}_cpu_over_d_cpu']:.2f}" for key in "ar" if f"{key}_cpu_over_d_cpu" in rat
+            )
+            + (
+                f"; min(a, r) / d = {rat['echo_cpu_over_d_cpu']:.2f} (target >= {TARGET_VS_ECHO_CPU:g}): "
+                f"{verdict(rat['echo_cpu_over_d_cpu_met'])}"
+                if "echo_cpu_over_d_cpu" in rat
+                else ""
+            )
+        )
     if "d_over_c" in rat:
         console.print(
             f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): "

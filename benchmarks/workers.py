@@ -13,7 +13,14 @@
     result_headers) so its per-record work equals the stage's, minus batching
     and pipelining.
 
-Both print ``READY`` once their clients are connected, run until SIGTERM/SIGINT,
+``python -m benchmarks.workers rdecho --bootstrap H:P --input T --output T --group G``
+    (r) the librdkafka echo: (a) with confluent-kafka's clients (librdkafka's C
+    consumer and producer: acks=all, linger 2 ms, Java's murmur2 partitioner, the
+    same commit discipline). The transport's floor: what moving a record costs
+    when neither the client nor the worker is Python per record, save the loop
+    body itself.
+
+All print ``READY`` once their clients are connected, run until SIGTERM/SIGINT,
 then commit what is acknowledged and print one ``STATS {...}`` line.
 """
 
@@ -21,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import signal
 import time
+from typing import Any
 
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
@@ -143,6 +152,76 @@ async def naive(args: argparse.Namespace, stop: asyncio.Event) -> dict[str, int]
     return {"processed": done}
 
 
+def rdecho(args: argparse.Namespace) -> dict[str, int]:
+    """(r): librdkafka's consumer and producer forwarding each record; commits as (a)."""
+    from confluent_kafka import Consumer, KafkaError, Producer
+    from confluent_kafka import TopicPartition as RdPartition
+
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": args.group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            **({"fetch.wait.max.ms": args.fetch_max_wait_ms} if args.fetch_max_wait_ms is not None else {}),
+        }
+    )
+    producer = Producer(
+        {"bootstrap.servers": args.bootstrap, "acks": "all", "linger.ms": 2, "partitioner": "murmur2_random"}
+    )
+    consumer.subscribe([args.input])
+    print("READY", flush=True)
+    acked: dict[tuple[str, int], int] = {}
+    committed: dict[tuple[str, int], int] = {}
+    forwarded = 0
+
+    def on_ack(err: Any, _msg: Any, source: tuple[str, int], offset: int) -> None:
+        if err is None and offset + 1 > acked.get(source, 0):
+            acked[source] = offset + 1
+
+    def commit() -> None:
+        todo = {tp: o for tp, o in acked.items() if committed.get(tp) != o}
+        if todo:
+            consumer.commit(offsets=[RdPartition(t, p, o) for (t, p), o in todo.items()], asynchronous=True)
+            committed.update(todo)
+
+    last_commit = time.monotonic()
+    try:
+        while not stopping:
+            # consume() waits for all num_messages until the timeout: a short one bounds the latency.
+            for m in consumer.consume(num_messages=2000, timeout=0.005):
+                if (error := m.error()) is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(error))
+                    continue
+                done = functools.partial(on_ack, source=(m.topic() or "", m.partition() or 0), offset=m.offset() or 0)
+                while True:
+                    try:
+                        producer.produce(args.output, m.value(), m.key(), headers=m.headers(), on_delivery=done)
+                        break
+                    except BufferError:  # the producer's queue is full: let the broker catch up
+                        producer.poll(0.05)
+                forwarded += 1
+            producer.poll(0)
+            if time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
+                commit()
+                last_commit = time.monotonic()
+    finally:
+        producer.flush(20)
+        commit()
+        consumer.close()
+    return {"forwarded": forwarded}
+
+
 def _consumer_overrides(args: argparse.Namespace) -> dict[str, int]:
     return {} if args.fetch_max_wait_ms is None else {"fetch_max_wait_ms": args.fetch_max_wait_ms}
 
@@ -158,7 +237,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = cli.parser("workers", None)
-    parser.add_argument("kind", choices=["echo", "naive"])
+    parser.add_argument("kind", choices=["echo", "naive", "rdecho"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
@@ -169,7 +248,11 @@ def main(argv: list[str] | None = None) -> None:
         "--drop-every", type=int, default=0, help="self-test: drop every Nth record (echo)"
     )
     cli.add_shared(parser, "--fetch-max-wait-ms")
-    asyncio.run(_main(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    if args.kind == "rdecho":  # synchronous: librdkafka's clients are not asyncio's
+        print("STATS " + json.dumps(rdecho(args)), flush=True)
+        return
+    asyncio.run(_main(args))
 
 
 if __name__ == "__main__":

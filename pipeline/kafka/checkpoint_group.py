@@ -98,6 +98,10 @@ class CheckpointGroups:
             group.hold(slot)
         self._by_slot[slot] = group
 
+    def empty(self) -> bool:
+        """No slot is in a group (a stage that never checkpoints, or none open now)."""
+        return not self._by_slot
+
     def covered(self, slot: Slot[Any]) -> list[asyncio.Future[None]]:
         """What ``slot``'s checkpoint waits for besides its own outputs."""
         group = self._by_slot.get(slot)

@@ -103,7 +103,20 @@ class OrderedOffsets(Generic[T]):
     def acknowledge(self, slot: Slot[T]) -> None:
         """The broker confirmed the slot's output; pop acknowledged slots off the head."""
         slot.acknowledged = True
-        line = self._lines.get(slot.tp)
+        self._pop_acknowledged(slot.tp)
+
+    def acknowledge_all(self, slots: list[Slot[T]]) -> None:
+        """:meth:`acknowledge` for many slots at once (a record batch's, from any lines): the
+        heads of the lines they are in are popped once, after all are marked."""
+        touched: set[TopicPartition] = set()
+        for slot in slots:
+            slot.acknowledged = True
+            touched.add(slot.tp)
+        for tp in touched:
+            self._pop_acknowledged(tp)
+
+    def _pop_acknowledged(self, tp: TopicPartition) -> None:
+        line = self._lines.get(tp)
         if line is None:
             return  # the partition was revoked meanwhile: its new owner replays it
         while line.slots and line.slots[0].acknowledged:

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -52,7 +52,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OnAcknowledged = Callable[[OutRecord], None]
+OnAcknowledged = Callable[[Sequence[OutRecord]], None]
+"""Told the outputs the broker acknowledged: one slot's, or a whole record batch's."""
 
 
 class SlotTracer(Protocol):
@@ -163,12 +164,11 @@ class Outbox:
             if batches is not None:
                 batches.new_pass()
             for tp in self._offsets.partitions():
-                for slot in self._offsets.emittable(tp):
-                    if batches is None:
+                if batches is None:
+                    for slot in self._offsets.emittable(tp):
                         await self._emit_alone(slot)
-                    elif not await self._batched(slot, batches):
-                        await self._emit_alone(slot, redirected=True)
-                        batches.after_alone({out.topic for out in slot.output or ()})
+                else:
+                    await self._emit_batched(list(self._offsets.emittable(tp)), batches)
 
     async def send_unowned(self, records: list[OutRecord]) -> list[asyncio.Future[Any]]:
         """Hand outputs no slot owns (an expiry, an idle close, a tombstone) to the producer,
@@ -181,21 +181,43 @@ class Outbox:
             for r in records
         ]
 
-    async def _batched(self, slot: Slot[Outputs], batches: RecordBatches) -> bool:
-        """Append the slot's output to its partition's batch when it is one plain record
-        (redirected to its reply topic, if any, either way)."""
+    async def _emit_batched(self, run: list[Slot[Outputs]], batches: RecordBatches) -> None:
+        """A partition line's ready run, in order: each plain output (one record for its slot)
+        appended to its destination partition's open batch, placed for the whole run at once;
+        the others sent alone (redirected to their reply topics first, if any, either way)."""
+        if not run:
+            return
         if self._sender.redirects:  # no coroutine per record where no output can ask for one
-            await self._sender.redirect(slot)
-        assert slot.output is not None
-        if len(slot.output) != 1 or slot.output[0].after_acks:
-            return False
-        return await batches.add(slot.output[0], slot)
+            for slot in run:
+                await self._sender.redirect(slot)
+        plain = [_plain(slot.output) for slot in run]
+        placed = batches.place([out for out in plain if out is not None])
+        places = iter(placed)
+        for slot, out in zip(run, plain, strict=True):
+            partition = next(places) if out is not None else None
+            if out is not None and partition is not None:
+                if batches.append(out, slot, partition) or await batches.start(out, slot, partition):
+                    continue
+            await self._emit_alone(slot, redirected=True)
+            batches.after_alone({o.topic for o in slot.output or ()})
 
     def _batch_sent(self, delivery: asyncio.Future[Any]) -> None:
         self._delivery.add(delivery)
         delivery.add_done_callback(self._delivery.discard)
 
     def _batch_delivered(self, exc: BaseException | None, slots: list[Slot[Outputs]]) -> None:
+        """A record batch's answer. Acknowledged, with no slot in a checkpoint group or being
+        sent again (a stateless stage's every batch): its slots are settled together, the
+        commit bookkeeping and the counts once per batch; otherwise slot by slot."""
+        if exc is None and self.groups.empty() and not self._sender.resending():
+            self._offsets.acknowledge_all(slots)
+            for slot in slots:
+                if slot.trace is not None:
+                    slot.trace.acknowledged()
+            if self._on_ack is not None:
+                self._on_ack([out for slot in slots for out in slot.output or ()])
+            self._changed.set()
+            return
         for slot in slots:
             self._settle(slot, exc)
 
@@ -240,8 +262,7 @@ class Outbox:
         if slot.trace is not None:
             slot.trace.acknowledged()
         if self._on_ack is not None and slot.output:
-            for out in slot.output:
-                self._on_ack(out)
+            self._on_ack(slot.output)
         self._changed.set()
 
     async def run(self, stop: asyncio.Event, commit_interval_s: float = 0.2) -> None:
@@ -288,3 +309,10 @@ class Outbox:
             self._claiming.pop(slot).cancel()
         self.groups.forget(tp)
         return self._fence.handed_back(self._offsets.forget(tp))
+
+
+def _plain(outputs: Outputs | None) -> OutRecord | None:
+    """A slot's output when it is one record that may share a batch (none sent after acks)."""
+    if outputs is None or len(outputs) != 1 or outputs[0].after_acks:
+        return None
+    return outputs[0]

@@ -98,6 +98,10 @@ class OutputSender:
         slot.output = (*slot.output[:index], out, *slot.output[index + 1 :])
         return await self.send_record(out)
 
+    def resending(self) -> bool:
+        """Whether any slot's outputs are being sent once more (their settling is theirs)."""
+        return bool(self._resent)
+
     def resend(self, slot: Slot[Outputs], exc: BaseException | None) -> bool:
         """After the slot's delivery failed with ``exc`` (None: it did not): whether its
         outputs are being sent once more (their new delivery is handed to ``delivered``).

@@ -26,14 +26,16 @@ the one ``send`` would pick (the producer's own partitioner on the record key).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import TopicPartition
 
+from pipeline.kafka.key_partitions import key_partitions
 from pipeline.kafka.ordering import Slot
 
 #: Outputs larger than this (key and value) are sent alone: a large record should neither
@@ -93,27 +95,61 @@ class RecordBatches:
         self._on_sent = on_sent  # the delivery future, for the outbox's flush to wait on
         self._open: dict[TopicPartition, _Open] = {}
         self._layouts: dict[str, tuple[list[int], list[int]]] = {}  # topic -> (all, available) partitions
+        # Keys are placed by Kafka's murmur2 rule in bulk only where the producer's partitioner is aiokafka's.
+        self._default_rule = type(getattr(producer, "_partitioner", None)) is DefaultPartitioner
 
     def new_pass(self) -> None:
         """Partition layouts are read again (metadata may have changed between passes)."""
         self._layouts.clear()
 
-    async def add(self, out: Batchable, slot: Slot[Any]) -> bool:
-        """Append ``out`` (``slot``'s only output) to its partition's open batch; False when
-        it must be sent alone instead."""
-        if len(out.key or b"") + len(out.value or b"") > BATCHABLE_BYTES:
+    def place(self, outs: Sequence[Batchable]) -> list[int | None]:
+        """The destination partition of each of this pass's outputs, in order; None where
+        one must be sent alone (too large for a shared batch, or a topic not known here).
+
+        Keyed outputs are placed together: Kafka's murmur2 over all their keys at once
+        (:mod:`pipeline.kafka.key_partitions`) where the producer partitions by the default
+        rule, which is aiokafka's own partitioner unless one was configured."""
+        placed: list[int | None] = [None] * len(outs)
+        keyed: dict[str, list[int]] = {}  # topic -> positions of its outputs to place by key
+        for i, out in enumerate(outs):
+            if len(out.key or b"") + len(out.value or b"") > BATCHABLE_BYTES:
+                continue
+            layout = self._layout(out.topic)
+            if layout is None:
+                continue  # never seen: the per-record send waits for its metadata, bounded
+            if out.partition is not None:
+                placed[i] = out.partition if out.partition in layout[0] else None
+            elif out.key is not None and self._default_rule:
+                keyed.setdefault(out.topic, []).append(i)
+            else:
+                # The producer's own partitioner on this pass's metadata, as send() calls it
+                # (aiokafka has no public name for that choice). Pinned by
+                # tests/integration/test_batch_sends.py.
+                placed[i] = self._producer._partitioner(out.key, *layout)
+        for topic, positions in keyed.items():
+            every, _ = self._layouts[topic]
+            chosen = key_partitions([outs[i].key or b"" for i in positions], every)
+            for i, partition in zip(positions, chosen, strict=True):
+                placed[i] = partition
+        return placed
+
+    def append(self, out: Batchable, slot: Slot[Any], partition: int) -> bool:
+        """Append ``out`` (``slot``'s only output) to ``partition``'s open batch, if it has one
+        the producer has not taken yet and it fits; else :meth:`start` a new one."""
+        current = self._open.get(TopicPartition(out.topic, partition))
+        if current is None or not _not_taken(current.builder):
             return False
-        partition = self._partition(out)
-        if partition is None:
+        stamp = out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None
+        if current.builder.append(timestamp=stamp, key=out.key, value=out.value, headers=out.headers) is None:
             return False
+        current.riders.append(slot)
+        return True
+
+    async def start(self, out: Batchable, slot: Slot[Any], partition: int) -> bool:
+        """Hand the producer a new batch for ``partition`` holding ``out``; False when ``out``
+        does not fit an empty batch (it is sent alone)."""
         tp = TopicPartition(out.topic, partition)
         stamp = out.timestamp_ms if out.timestamp_ms and out.timestamp_ms > 0 else None
-        current = self._open.get(tp)
-        if current is not None and _not_taken(current.builder) and current.builder.append(
-            timestamp=stamp, key=out.key, value=out.value, headers=out.headers
-        ) is not None:
-            current.riders.append(slot)
-            return True
         builder = self._producer.create_batch()
         if builder.append(timestamp=stamp, key=out.key, value=out.value, headers=out.headers) is None:
             return False
@@ -135,18 +171,13 @@ class RecordBatches:
         if not delivery.cancelled():
             self._on_delivered(delivery.exception(), riders)
 
-    def _partition(self, out: Batchable) -> int | None:
-        """The partition ``send`` would choose for ``out`` (None: topic unknown here)."""
-        layout = self._layouts.get(out.topic)
+    def _layout(self, topic: str) -> tuple[list[int], list[int]] | None:
+        """(all, available) partitions of ``topic`` on this pass's metadata (None: unknown)."""
+        layout = self._layouts.get(topic)
         if layout is None:
             cluster = self._producer.client.cluster
-            known = cluster.partitions_for_topic(out.topic)
+            known = cluster.partitions_for_topic(topic)
             if known is None:
-                return None  # never seen: the per-record send waits for its metadata, bounded
-            layout = self._layouts[out.topic] = (list(known), list(cluster.available_partitions_for_topic(out.topic)))
-        if out.partition is not None:
-            return out.partition if out.partition in layout[0] else None
-        # The producer's own partitioner on this pass's metadata, as send() calls it (aiokafka
-        # has no public name for that choice). Pinned by tests/integration/test_batch_sends.py.
-        partition: int = self._producer._partitioner(out.key, *layout)
-        return partition
+                return None
+            layout = self._layouts[topic] = (list(known), list(cluster.available_partitions_for_topic(topic)))
+        return layout

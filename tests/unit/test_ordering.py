@@ -9,7 +9,7 @@ from aiokafka.structs import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.kafka.ordering import OrderedOffsets
+from pipeline.kafka.ordering import OrderedOffsets, Slot
 
 TP = TopicPartition("requests", 0)
 TP1 = TopicPartition("requests", 1)
@@ -109,3 +109,26 @@ def test_pending_bytes_follow_acknowledgement_and_forgetting() -> None:
     assert offsets.pending_bytes() == 5
     offsets.forget(b)
     assert offsets.pending_bytes() == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=60), st.randoms())
+def test_acknowledging_a_record_batchs_slots_together_equals_one_by_one(sizes: list[int], rnd: random.Random) -> None:
+    """``acknowledge_all`` (a record batch's slots, from both lines, in any order) leaves the
+    same commit points, pending counts and bytes as acknowledging each slot alone."""
+    together: OrderedOffsets[str] = OrderedOffsets()
+    alone: OrderedOffsets[str] = OrderedOffsets()
+    slots: list[tuple[Slot[str], Slot[str]]] = []
+    for line in (TP, TP1):
+        for offset in range(30):
+            slots.append((together.add(line, offset, size=offset + 1), alone.add(line, offset, size=offset + 1)))
+    rnd.shuffle(slots)
+    at = 0
+    for count in sizes:
+        batch = slots[at : at + count]
+        at += count
+        together.acknowledge_all([a for a, _ in batch])
+        for _, b in batch:
+            alone.acknowledge(b)
+        assert together.committable() == alone.committable()
+        assert together.pending() == alone.pending() and together.pending_bytes() == alone.pending_bytes()

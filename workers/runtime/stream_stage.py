@@ -214,8 +214,7 @@ class StreamStage(abc.ABC):
         outcomes = await asyncio.gather(*futures, return_exceptions=True)  # all retrieved: none "never retrieved"
         if failed := [r for r in outcomes if isinstance(r, BaseException)]:
             raise failed[0]
-        for record in records:
-            self.outcomes.acknowledged(record)
+        self.outcomes.acknowledged(records)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
