@@ -51,9 +51,14 @@ class KafkaSettings(BaseSettings):
     """Static group membership (KIP-345): this process's stable name in every stage's consumer
     group (a StatefulSet pod's name; ``pipeline run --processes N`` appends each child's
     index). A worker restarted under the same name within the session timeout gets its
-    partitions back without a rebalance; one that does not come back (a scale-down) keeps
-    them until the session timeout, since a static member does not leave its group on a stop.
+    partitions back without a rebalance. A clean stop leaves the group (``leave_group_on_stop``).
     Unset: dynamic membership, every start and stop rebalances."""
+    leave_group_on_stop: bool = True
+    """A static member leaves its group on a clean stop (SIGTERM), so its partitions move at
+    once: a scale-down, or a replacement slower than the session timeout (a pod). False keeps
+    them through a planned restart shorter than the session (``-X internal.leave.group.on.close``,
+    the Java consumer's name). A crash never leaves: that is what static membership is for
+    (:mod:`pipeline.kafka.static_leave`). Dynamic members always leave on a stop."""
 
     def for_process(self, index: int, count: int) -> KafkaSettings:
         """The settings of process ``index`` of ``count`` under a supervisor: each child its
@@ -213,6 +218,8 @@ class Endpoints(BaseSettings):
             env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] = self.kafka.bootstrap_servers
         if self.kafka.group_instance_id:
             env["PIPELINE_KAFKA_GROUP_INSTANCE_ID"] = self.kafka.group_instance_id
+        if not self.kafka.leave_group_on_stop:
+            env["PIPELINE_KAFKA_LEAVE_GROUP_ON_STOP"] = "false"
         env.update(self.kafka.security_environment())
         if self.triton.grpc_url:
             env["PIPELINE_TRITON_GRPC_URL"] = self.triton.grpc_url

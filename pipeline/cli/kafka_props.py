@@ -36,6 +36,7 @@ PROPERTIES: dict[str, str] = dict(
         ("ssl.key.location", "ssl_keyfile"),
         ("client.id", "client_id"),
         ("group.instance.id", "group_instance_id"),
+        ("internal.leave.group.on.close", "leave_group_on_stop"),
     ]
 )
 #: Known names whose value needs translating or that have no equivalent here: why, in one line.

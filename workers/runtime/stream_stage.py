@@ -32,6 +32,7 @@ from pipeline.kafka.clients import (
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
+from pipeline.kafka.static_leave import leave_on_stop
 from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.observability.record_trace import stage_tracer
@@ -245,7 +246,7 @@ class StreamStage(abc.ABC):
             await self._bounded(asyncio.gather(emitter, return_exceptions=True), "outbox stop")
             if not emitter.done():
                 emitter.cancel()
-            await self._close()
+            await self._close(clean=stop.is_set())
 
     async def _bounded(self, work: Awaitable[object], what: str) -> None:
         await bounded(work, self.io.close_timeout_s, f"{self.io.stage}: {what}")
@@ -330,10 +331,13 @@ class StreamStage(abc.ABC):
         await self.outbox.flush(max(left, 0.0))
         await self.outbox.commit()
 
-    async def _close(self) -> None:
-        """Close consumer, producer and backend, each within ``close_timeout_s``."""
+    async def _close(self, clean: bool) -> None:
+        """Close consumer, producer and backend, each within ``close_timeout_s``; on a clean
+        stop a static member then leaves its group (:mod:`pipeline.kafka.static_leave`)."""
         if self._consumer is not None:
             await self._bounded(self._consumer.stop(), "consumer close")
+            if clean and (leave := leave_on_stop(self.kafka, self.io.group_id)) is not None:
+                await self._bounded(leave, "leave group")
         if self._producer is not None:
             await self._bounded(self._producer.stop(), "producer close")
         await self._bounded(self.teardown(), "teardown")
