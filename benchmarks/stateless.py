@@ -83,6 +83,7 @@ CASES: dict[str, str] = {
     "p": "(d) with per-record sends",
     "u": "(d) on asyncio's event loop",
     "h": "(d) holding partial batches",
+    "g": "(d) with Python's default GC",
     "e": "faust echo agent",
     "r": "librdkafka echo",
 }
@@ -93,6 +94,7 @@ VARIANTS_OF_D: dict[str, tuple[dict[str, str], dict[str, Any], str]] = {
         {}, {"hold_partial_batches": True},
         "work-conserving batching against a partial batch always waiting max_queue_delay_ms (the rule before)",
     ),
+    "g": ({"PIPELINE_GC": "default"}, {}, "the stage's garbage-collector settings against Python's defaults"),
 }
 """(d) again with one setting changed (environment, batching), in the same run: what that
 setting gains (d / key in throughput; key / d in latency)."""

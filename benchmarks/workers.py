@@ -172,7 +172,8 @@ def rdecho(args: argparse.Namespace) -> dict[str, int]:
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
-            **({"fetch.wait.max.ms": args.fetch_max_wait_ms} if args.fetch_max_wait_ms is not None else {}),
+            # The project's consumer default (librdkafka's own is 500 ms), unless overridden.
+            "fetch.wait.max.ms": args.fetch_max_wait_ms if args.fetch_max_wait_ms is not None else 25,
         }
     )
     producer = Producer(

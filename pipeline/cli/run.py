@@ -22,6 +22,7 @@ from pipeline.endpoints import (
 from pipeline.extras import require_for_topology
 from pipeline.observability.logging import LogSettings, configure_logging
 from pipeline.runtime.event_loop import EventLoopName, chosen_event_loop, run_on_event_loop
+from pipeline.runtime.gc_tuning import tune_gc
 from pipeline.runtime.health import DEFAULT_HOST, DEFAULT_PORT
 from pipeline.runtime.runner import RunningProcess, health_port, run_topology
 from pipeline.runtime.summary import StartupSummary
@@ -175,6 +176,7 @@ def _serve(
         say.summary(summary, full=index == 0)
 
     endpoints = endpoints.model_copy(update={"kafka": endpoints.kafka.for_process(index, count)})
+    tune_gc()  # the collector a stage runs best with (pipeline/runtime/gc_tuning.py)
     run_on_event_loop(run_topology(
         topology, endpoints, only_stages=stage, http_port=port, http_host=health_host, on_ready=ready
     ), loop)
