@@ -71,8 +71,9 @@ class OutputSender:
 
     async def redirect(self, slot: Slot[Outputs]) -> None:
         """Move the slot's outputs that ask for an allowed reply topic there."""
-        if self._replies is not None and slot.output is not None:
-            slot.output = tuple([await self._replies.redirect(out) for out in slot.output])
+        replies = self._replies
+        if replies is not None and slot.output is not None and any(replies.asks(out) for out in slot.output):
+            slot.output = tuple([await replies.redirect(out) for out in slot.output])
 
     async def send(self, out: OutRecord, slot: Slot[Outputs], index: int, *, redirected: bool = False) -> asyncio.Future[Any]:
         """Hand ``slot.output[index]`` to the producer (at its reply topic when it asks for an

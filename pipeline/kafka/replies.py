@@ -24,11 +24,13 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.contract.reply import ReplyOutcome, reply_target
+from pipeline.contract.reply import REPLY_PARTITION, REPLY_TOPIC, ReplyOutcome, reply_target
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.observability.metrics import PipelineMetrics
 
 log = logging.getLogger(__name__)
+
+_REPLY_HEADERS = frozenset({REPLY_TOPIC, REPLY_PARTITION})
 
 #: How long the first send to a new reply topic may wait for its metadata.
 LOOKUP_TIMEOUT_S = 2.0
@@ -52,6 +54,14 @@ class ReplyRedirector:
         self.prefix = prefix
         self._on_outcome = on_outcome
         self._missing: dict[str, float] = {}  # topic -> monotonic time until which it counts as absent
+
+    def asks(self, out: OutRecord) -> bool:
+        """Whether :meth:`redirect` has anything to decide for ``out``: a result for the result
+        topic carrying a ``reply-topic`` or ``reply-partition`` header (one pass over its
+        headers, no coroutine: most results carry neither)."""
+        if out.dead_letter or not out.counts_as_result or out.topic != self.result_topic:
+            return False
+        return any(v is not None and isinstance(k, str) and k.lower() in _REPLY_HEADERS for k, v in out.headers or ())
 
     async def redirect(self, out: OutRecord) -> OutRecord:
         """``out`` itself, or a copy addressed to its reply topic (and partition)."""

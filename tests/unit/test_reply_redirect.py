@@ -7,6 +7,8 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.client.waiters import Delivery, Waiters
 from pipeline.contract.records import DeadLetter
@@ -158,3 +160,40 @@ def test_a_result_its_reply_topic_refused_goes_back_to_the_result_topic_and_the_
     later = OutRecord(topic="t.results", key=b"k2", value=b"v2", headers=reply_headers(reply))
     assert asyncio.run(router.redirect(later)) is later  # no producer needed: known missing
     assert counted == [ReplyOutcome.UNREACHABLE, ReplyOutcome.UNKNOWN_TOPIC]
+
+
+_HEADER_NAMES = st.sampled_from(["reply-topic", "Reply-Topic", "reply-partition", "REPLY-PARTITION", "correlation-id", "x"])
+_HEADER_VALUES = st.sampled_from([b"t.results.reply.a", b"t.results.reply.", b"other", b"1", b"-1", b"", None])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=5),
+    st.sampled_from(["t.results", "t.other"]),
+    st.booleans(),
+)
+def test_an_output_the_quick_look_passes_over_is_one_redirect_leaves_alone(
+    headers: list[tuple[str, bytes | None]], topic: str, dead_letter: bool
+) -> None:
+    """``asks`` (one pass over the headers, no coroutine) is False only where ``redirect``
+    would return the output unchanged and count no outcome."""
+    counted: list[ReplyOutcome] = []
+    router = ReplyRedirector(cast(Any, _NoTopics()), result_topic="t.results", prefix="t.results.reply.", on_outcome=counted.append)
+    out = OutRecord(topic=topic, key=b"k", value=b"v", headers=cast(Any, headers), dead_letter=dead_letter)
+    if not router.asks(out):
+        assert asyncio.run(router.redirect(out)) is out
+        assert counted == []
+
+
+class _NoTopics:
+    """A producer whose metadata knows no reply topic (a redirect then counts unknown-topic)."""
+
+    class client:
+        class cluster:
+            @staticmethod
+            def partitions_for_topic(_topic: str) -> None:
+                return None
+
+        @staticmethod
+        async def force_metadata_update() -> bool:
+            return False
