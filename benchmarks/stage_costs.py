@@ -35,6 +35,7 @@ from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import OrderedOffsets
 from pipeline.kafka.outbox import Outbox, OutRecord
 from pipeline.observability.metrics import PipelineMetrics
+from workers.runtime.outcomes import StageOutcomes
 from workers.stateless.batching import DynamicBatcher
 from workers.stateless.triton_backend import TritonModelBackend
 
@@ -124,10 +125,11 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             per_call_us(lambda i: offsets.add(tp, i), n),
         )
         metrics = PipelineMetrics()
+        outcomes = StageOutcomes("s", metrics)
         add(
-            "metrics: requests.labels(stage).inc()",
-            "workers/runtime/stream_stage.py _consume",
-            per_call_us(lambda i: metrics.requests.labels("s").inc(), n),
+            "metrics: requests consumed, one increment per fetched partition batch",
+            "workers/runtime/outcomes.py consumed",
+            per_batch_us(lambda part: outcomes.consumed(part.stop - part.start), n, batch),
         )
 
         # --- handle -------------------------------------------------------------------
@@ -215,10 +217,15 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             "workers/stateless/stage.py _succeed",
             per_call_us(lambda i: OutRecord("out", consumed[i].key, consumed[i].value, []), m),
         )
+        def per_call_metrics(part: slice) -> None:
+            metrics.queue_delay.labels("s").observe(0.001)
+            metrics.batch_size.labels("s").observe(part.stop - part.start)
+            metrics.triton_latency.labels("s", "triton").observe(0.004)
+
         add(
-            "metrics per batch (queue_delay per row, batch_size, latency)",
-            "workers/stateless/stage.py _call",
-            per_call_us(lambda i: metrics.queue_delay.labels("s").observe(0.001), m),
+            "metrics per Triton call (queue delay, batch size, latency)",
+            "workers/stateless/batch_runner.py _call",
+            per_batch_us(per_call_metrics, m, batch),
         )
 
         # --- emission -----------------------------------------------------------------
@@ -245,14 +252,11 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             await producer.stop()
             await consumer.stop()
 
-        def acked(i: int) -> None:
-            metrics.results.labels("s").inc()
-            metrics.end_to_end.labels("s").observe(0.01)
-
+        outs = [OutRecord("out", r.key, r.value, [], request_timestamp_ms=int(time.time() * 1000)) for r in consumed[:n]]
         add(
-            "metrics on ack (results + end_to_end)",
-            "workers/runtime/stream_stage.py _acknowledged",
-            per_call_us(acked, n),
+            "metrics on a record batch's ack (results once, end-to-end latency per result)",
+            "workers/runtime/outcomes.py acknowledged",
+            per_batch_us(lambda part: outcomes.acknowledged(outs[part]), n, batch),
         )
         await backend.close()
     finally:

@@ -517,7 +517,7 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         for key in "ar":
             if (echo_cpu := cpu[key]) is not None:
                 out[f"{key}_cpu_over_d_cpu"] = echo_cpu / stage_cpu  # 1.0: the stage costs no more than the echo
-        floors = [c for key in "ar" if (c := cpu[key]) is not None]
+        floors = [cost for key in "ar" if (cost := cpu[key]) is not None]
         if floors:
             ratio = min(floors) / stage_cpu
             out["echo_cpu_over_d_cpu"] = ratio
