@@ -11,6 +11,7 @@ runs the same way; what it measures in between stays in the benchmark.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import tempfile
 import time
@@ -30,7 +31,7 @@ from benchmarks.common import (
     tansu_version,
     triton_version,
 )
-from pipeline.embedded.stack import EmbeddedStack
+from pipeline.embedded.stack import BROKER_ENV, EmbeddedStack
 from pipeline.settings import Endpoints
 
 ConfigT = TypeVar("ConfigT")
@@ -69,14 +70,16 @@ def embedded_stack(console: Console, benchmark: str, packages: Sequence[str]) ->
     log_dir = new_log_dir(benchmark)
     started = time.perf_counter()
     meta: dict[str, Any] = {"machine": machine_info(), "log_dir": str(log_dir)}
-    stack = EmbeddedStack(log_dir=log_dir / "stack")
+    # Tansu unless PIPELINE_EMBEDDED_BROKER=kafka: the figures of earlier runs are on Tansu.
+    broker = "kafka" if os.environ.get(BROKER_ENV, "").strip().lower() == "kafka" else "tansu"
+    stack = EmbeddedStack(log_dir=log_dir / "stack", broker=broker)
     try:
         with console.status("starting the embedded stack") as status:
             endpoints = stack.start(progress=lambda msg: status.update(msg))
         assert endpoints.triton.grpc_url and endpoints.kafka.bootstrap_servers
         meta["versions"] = {
             "triton_server": triton_version(endpoints.triton.grpc_url),
-            "tansu": tansu_version(),
+            **({"tansu": tansu_version()} if broker == "tansu" else {"broker": "Apache Kafka (embedded)"}),
             **package_versions(packages),
         }
         console.print(

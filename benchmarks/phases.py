@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,33 @@ async def latency(target: Target, config: PhaseConfig, rate: float) -> list[dict
     result.extra["latency_attempts"] = rows
     _latency_notes(result, rows)
     return rows
+
+
+Producer = Callable[[KafkaSettings, str, Sequence[Record], float], Awaitable[float]]
+"""Produces records on a schedule at a rate; returns the achieved rate (``produce_at_rate``)."""
+
+
+async def latency_at(target: Target, rate: float, seconds: float, tag: str, produce: Producer) -> dict[str, Any]:
+    """One fixed-rate attempt on ``target`` by ``produce`` (no halving, the case's own latency
+    figures untouched): its p50/p99 and whether the queue grew. Issue 22's sweep at fractions
+    of the stage's saturation (``benchmarks.stateless --latency-sweep``)."""
+    m = max(50, int(rate * seconds))
+    prefix = f"{target.key}-{tag}"
+    timed = target.new_requests(m, prefix, LATENCY_SEED)
+    achieved = await produce(target.kafka, target.source, timed.records, rate)
+    target.sent += m
+    await target.wait(f"{tag} results")
+    found = await target.collect(prefix, timed, f"{tag} at {rate:.0f}/s", 0.3)
+    inputs, _ = index_by_id(await read_topic(target.kafka, target.source, target.sent, idle_s=0.1), f"{prefix}-")
+    sent_at, latencies = request_latencies(found, inputs)
+    return {
+        "offered": rate,
+        "achieved": achieved,
+        "requests": m,
+        "p50_ms": float(np.percentile(latencies, 50)),
+        "p99_ms": float(np.percentile(latencies, 99)),
+        "verdict": queue_verdict(sent_at, latencies, achieved, rate),
+    }
 
 
 def _latency_notes(result: CaseResult, attempts: Sequence[dict[str, Any]]) -> None:

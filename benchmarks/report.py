@@ -61,7 +61,7 @@ def machine_line(m: Mapping[str, Any]) -> str:
 def versions_line(v: Mapping[str, str], *packages: str | tuple[str, str]) -> str:
     """``versions: Triton x, tansu y, <package> z, ...``; a package as a name or (label, name)."""
     named = [(p, p) if isinstance(p, str) else p for p in packages]
-    return f"versions: Triton {v['triton_server']}, {v['tansu']}, " + ", ".join(
+    return f"versions: Triton {v['triton_server']}, {v.get('tansu') or v.get('broker')}, " + ", ".join(
         f"{label} {v[name]}" for label, name in named
     )
 

@@ -64,6 +64,7 @@ from benchmarks.common import (
 )
 from benchmarks.harness import StackBenchmark, StackUp, embedded_stack, finish
 from benchmarks.metrics import Values, delta_mean, scrape_worker
+from benchmarks.paced_producer import produce_paced
 from benchmarks.report import fmt, verdict
 from pipeline.contract.response import decode_response
 from pipeline.kafka.clients import make_consumer
@@ -104,6 +105,12 @@ TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
 TARGET_VS_NAIVE = 10.0  # d >= 10 * c
 TARGET_CPU_US = 40.0  # issue 22: the stage's worker CPU per request
 TARGET_VS_ECHO_CPU = 0.6  # issue 22: min(a, r) CPU per request / d's
+TARGET_P50_VS_ECHO, TARGET_P99_VS_ECHO = 2.0, 3.0  # issue 22: d's latency / a's at one rate
+SWEPT = "ad"  # the latency sweep's cases: the echo and the stage
+
+
+def _sweeps(cfg: Config) -> bool:
+    return bool(cfg.latency_sweep) and all(key in cfg.cases for key in SWEPT)
 
 console = report.wide_console(132)
 
@@ -119,6 +126,7 @@ class Config(phases.PhaseConfig):
     concurrency: int
     max_queue_delay_ms: float
     fetch_max_wait_ms: int | None
+    latency_sweep: tuple[float, ...] = ()
 
 
 @dataclass(eq=False)
@@ -411,6 +419,28 @@ class Benchmark(StackBenchmark[Config]):
         load_topology(path)  # fail here, not in the child, if the file is wrong
         return path
 
+    # ------------------------------------------------------------------ latency sweep
+    async def latency_sweep(self, echo: KafkaWorker, stage: KafkaWorker, loads: tuple[float, ...]) -> list[dict[str, Any]]:
+        """Issue 22 item 4: (a) and (d) at each fraction of (d)'s measured throughput, the same
+        rate for both, the load produced by librdkafka in a process of its own
+        (:mod:`benchmarks.paced_producer`) so the generator does not take the stage's CPU."""
+        assert stage.result.throughput is not None
+        rows = []
+        for load in loads:
+            rate = load * stage.result.throughput
+            row: dict[str, Any] = {"load": load, "rate": rate}
+            for worker in (echo, stage):
+                async with TopicCounter(self.kafka, worker.sink) as worker.counter:
+                    row[worker.key] = await phases.latency_at(
+                        worker, rate, self.config.latency_seconds, f"s{round(load * 100)}", produce_paced
+                    )
+            console.print(
+                f"    {load:.0%} ({rate:,.0f}/s): (a) p50 {row['a']['p50_ms']:.0f} / p99 {row['a']['p99_ms']:.0f} ms, "
+                f"(d) p50 {row['d']['p50_ms']:.0f} / p99 {row['d']['p99_ms']:.0f} ms"
+            )
+            rows.append(row)
+        return rows
+
     # ------------------------------------------------------------------ one Kafka case
     async def measure(self, worker: KafkaWorker) -> CaseResult:
         """Warm-up, throughput on frozen-then-thawed backlogs, then latency at a fixed rate."""
@@ -523,6 +553,19 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
             out["echo_cpu_over_d_cpu"] = ratio
             out["echo_cpu_over_d_cpu_target"] = TARGET_VS_ECHO_CPU
             out["echo_cpu_over_d_cpu_met"] = ratio >= TARGET_VS_ECHO_CPU
+    sweep = results["d"].extra.get("latency_sweep") if "d" in results else None
+    if sweep:
+        out["latency_sweep"] = [
+            {
+                "load": row["load"],
+                "rate": row["rate"],
+                "p50_d_over_a": row["d"]["p50_ms"] / max(row["a"]["p50_ms"], 1.0),
+                "p99_d_over_a": row["d"]["p99_ms"] / max(row["a"]["p99_ms"], 1.0),
+                "met": row["d"]["p50_ms"] <= TARGET_P50_VS_ECHO * max(row["a"]["p50_ms"], 1.0)
+                and row["d"]["p99_ms"] <= TARGET_P99_VS_ECHO * max(row["a"]["p99_ms"], 1.0),
+            }
+            for row in sweep
+        ]
     for key in VARIANTS_OF_D:
         if d is not None and (variant := report.throughput_of(results, key)) is not None:
             out[f"d_over_{key}"] = d / variant  # what the setting gains, same run
@@ -622,6 +665,14 @@ def print_report(
                 else ""
             )
         )
+    for row, ratio in zip(results["d"].extra.get("latency_sweep") or [], rat.get("latency_sweep") or [], strict=True):
+        console.print(
+            f"latency at {row['load']:.0%} of d's throughput ({row['rate']:,.0f}/s, librdkafka load): "
+            f"p50 a {row['a']['p50_ms']:.0f} / d {row['d']['p50_ms']:.0f} ms = {ratio['p50_d_over_a']:.1f}x "
+            f"(target <= {TARGET_P50_VS_ECHO:g}x), p99 a {row['a']['p99_ms']:.0f} / d {row['d']['p99_ms']:.0f} ms = "
+            f"{ratio['p99_d_over_a']:.1f}x (target <= {TARGET_P99_VS_ECHO:g}x): {verdict(ratio['met'])}"
+            + ("" if row["d"]["verdict"] == "ok" else f"; (d) {row['d']['verdict']}")
+        )
     if "d_over_c" in rat:
         console.print(
             f"d / c = {rat['d_over_c']:.1f}  (target >= {TARGET_VS_NAIVE:g}): "
@@ -662,6 +713,12 @@ def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
         "--batch", type=int, default=64, help="rows per Triton call for b and d (model max 64)"
     )
     p.add_argument(
+        "--latency-sweep",
+        default="0.5,0.7,0.9",
+        help="after the cases: (a) and (d) at these fractions of (d)'s throughput, the load "
+        "from a librdkafka producer in its own process (benchmarks/paced_producer.py); '' skips it",
+    )
+    p.add_argument(
         "--max-queue-delay-ms",
         type=float,
         help="batching delay for b and d (default: dense.yaml's)",
@@ -691,6 +748,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, Path | None]:
         naive_requests=a.naive_requests or max(300, a.requests // 10),
         faust_requests=a.faust_requests or max(300, a.requests // 2),
         concurrency=a.concurrency or int(base.get("max_inflight_batches") or 4),
+        latency_sweep=tuple(float(x) for x in a.latency_sweep.split(",") if x.strip()),
         max_queue_delay_ms=(
             a.max_queue_delay_ms
             if a.max_queue_delay_ms is not None
@@ -755,10 +813,13 @@ async def run_cases(bench: Benchmark) -> dict[str, CaseResult]:
                 results[key] = CaseResult(key, CASES[key], error=f"FAILED: {exc}")
                 console.print(f"[bold red]({key}) FAILED:[/] {exc}")
             finally:
-                if key in workers:
+                if key in workers and not (key in SWEPT and _sweeps(cfg)):  # kept for the sweep
                     code = workers.pop(key).process.stop()
                     results[key].extra["worker_exit_code"] = code
             console.print(report.done_line(key, results[key], started, digits=2))
+        if _sweeps(cfg) and all(key in workers and results[key].error is None for key in SWEPT):
+            console.print(f"[bold]latency sweep[/] (a) and (d) at {', '.join(f'{x:.0%}' for x in cfg.latency_sweep)} of (d)'s throughput ...")
+            results["d"].extra["latency_sweep"] = await bench.latency_sweep(workers["a"], workers["d"], cfg.latency_sweep)
     finally:
         for worker in workers.values():
             worker.process.stop(5)
