@@ -4,8 +4,8 @@ Producers use ``acks="all"`` so a result counts as delivered only when the
 broker has it replicated; consumers never auto-commit (offsets are committed
 by :mod:`pipeline.kafka.ordering` after outputs are acknowledged).
 Producers are idempotent wherever the broker serves ``InitProducerId``, which a stage
-finds out at start (:func:`detect_idempotence`); Tansu, the embedded broker, does not, and
-the log says so once. ``PIPELINE_KAFKA_IDEMPOTENCE=true|false`` decides instead of asking.
+finds out at start (:func:`detect_idempotence`); Tansu, the no-Java fallback broker, does
+not, and the log says so once. ``PIPELINE_KAFKA_IDEMPOTENCE=true|false`` decides instead of asking.
 """
 
 from __future__ import annotations
