@@ -70,8 +70,8 @@ def _murmur2_rows(rows: np.ndarray, length: int) -> np.ndarray:
 
 
 def key_partitions(keys: Sequence[bytes], all_partitions: Sequence[int]) -> list[int]:
-    """The partition the default partitioner gives each key, of ``all_partitions`` (sorted
-    by ID, as the client's metadata lists them)."""
+    """The partition the default partitioner gives each key, of ``all_partitions`` in the
+    order the producer's partitioner is given them (its cluster metadata's)."""
     if not keys:
         return []
     index = (murmur2_many(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(len(all_partitions))

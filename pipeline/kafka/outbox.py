@@ -210,13 +210,7 @@ class Outbox:
         sent again (a stateless stage's every batch): its slots are settled together, the
         commit bookkeeping and the counts once per batch; otherwise slot by slot."""
         if exc is None and self.groups.empty() and not self._sender.resending():
-            self._offsets.acknowledge_all(slots)
-            for slot in slots:
-                if slot.trace is not None:
-                    slot.trace.acknowledged()
-            if self._on_ack is not None:
-                self._on_ack([out for slot in slots for out in slot.output or ()])
-            self._changed.set()
+            self._acknowledge_all(slots)
             return
         for slot in slots:
             self._settle(slot, exc)
@@ -258,11 +252,16 @@ class Outbox:
         self.groups.acknowledge(slot)
 
     def _acknowledge(self, slot: Slot[Outputs]) -> None:
-        self._offsets.acknowledge(slot)
-        if slot.trace is not None:
-            slot.trace.acknowledged()
-        if self._on_ack is not None and slot.output:
-            self._on_ack(slot.output)
+        self._acknowledge_all([slot])
+
+    def _acknowledge_all(self, slots: list[Slot[Outputs]]) -> None:
+        """The broker has these slots' outputs: commit bookkeeping, traces and counts."""
+        self._offsets.acknowledge_all(slots)
+        for slot in slots:
+            if slot.trace is not None:
+                slot.trace.acknowledged()
+        if self._on_ack is not None:
+            self._on_ack([out for slot in slots for out in slot.output or ()])
         self._changed.set()
 
     async def run(self, stop: asyncio.Event, commit_interval_s: float = 0.2) -> None:

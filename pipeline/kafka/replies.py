@@ -55,17 +55,21 @@ class ReplyRedirector:
         self._on_outcome = on_outcome
         self._missing: dict[str, float] = {}  # topic -> monotonic time until which it counts as absent
 
+    def _for_result_topic(self, out: OutRecord) -> bool:
+        """A result bound for the result topic: the only outputs a reply topic may take."""
+        return not out.dead_letter and out.counts_as_result and out.topic == self.result_topic
+
     def asks(self, out: OutRecord) -> bool:
         """Whether :meth:`redirect` has anything to decide for ``out``: a result for the result
         topic carrying a ``reply-topic`` or ``reply-partition`` header (one pass over its
         headers, no coroutine: most results carry neither)."""
-        if out.dead_letter or not out.counts_as_result or out.topic != self.result_topic:
+        if not self._for_result_topic(out):
             return False
         return any(v is not None and isinstance(k, str) and k.lower() in _REPLY_HEADERS for k, v in out.headers or ())
 
     async def redirect(self, out: OutRecord) -> OutRecord:
         """``out`` itself, or a copy addressed to its reply topic (and partition)."""
-        if out.dead_letter or not out.counts_as_result or out.topic != self.result_topic:
+        if not self._for_result_topic(out):
             return out
         wanted = reply_target(out.headers, self.prefix)
         if wanted.outcome is None:
