@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
@@ -59,6 +59,18 @@ class Replica(Generic[M]):
     setup_result: object = None  # what setting it up returned (a model's row limit)
     inflight: int = 0
     chosen: int = 0  # when it was last chosen (a counter): ties go to the one chosen longest ago
+
+
+def rendezvous_weight(key: bytes, endpoint: str) -> bytes:
+    """How highly ``endpoint`` ranks for ``key`` (highest random weight hashing): a key's
+    replica is the one up with the greatest weight. Public so that a test or an operator
+    can say, from the endpoint list alone, which replica a stream is pinned to."""
+    return hashlib.blake2b(key + b"\0" + endpoint.encode(), digest_size=8).digest()
+
+
+def pinned_endpoint(key: bytes, endpoints: Iterable[str]) -> str:
+    """The endpoint ``key`` is pinned to while all of ``endpoints`` are up (:meth:`ReplicaSet.by_key`)."""
+    return max(endpoints, key=lambda endpoint: rendezvous_weight(key, endpoint))
 
 
 class NoReplicaUp(Exception):
@@ -117,13 +129,21 @@ class ReplicaSet(Generic[M]):
         try:
             replica.setup_result = await self._set_up_member(replica.member)
         except Exception as exc:
-            log.warning("%s: Triton replica %s could not be set up (%s); trying again", self.label, replica.endpoint, exc)
+            log.warning(
+                "%s: Triton replica %s could not be set up (%s); trying again", self.label, replica.endpoint, exc
+            )
             raise
         replica.set_up, replica.up = True, not replica.leaving
         if self.first is None:
             self.first = replica
         if len(self.replicas) > 1:
-            log.info("%s: Triton replica %s is up (%d of %d)", self.label, replica.endpoint, self.count_up(), len(self.replicas))
+            log.info(
+                "%s: Triton replica %s is up (%d of %d)",
+                self.label,
+                replica.endpoint,
+                self.count_up(),
+                len(self.replicas),
+            )
 
     async def close(self) -> None:
         tasks = [t for t in (self._upkeep, *self._tasks.values()) if t is not None]
@@ -156,7 +176,7 @@ class ReplicaSet(Generic[M]):
         up = self.up()
         if len(up) == 1:
             return up[0]
-        return max(up, key=lambda r: hashlib.blake2b(key + b"\0" + r.endpoint.encode(), digest_size=8).digest())
+        return max(up, key=lambda r: rendezvous_weight(key, r.endpoint))
 
     # ------------------------------------------------------------------ failures
     def failed(self, replica: Replica[M], failure: Failure) -> Failure:
@@ -169,7 +189,11 @@ class ReplicaSet(Generic[M]):
                         failure.reason, self.count_up(), len(self.replicas))  # fmt: skip
         if self.count_up() == 0:
             return failure
-        return replace(failure, kind=FailureKind.TRANSIENT, reason=f"replica {replica.endpoint}: {failure.reason}; retried on another")
+        return replace(
+            failure,
+            kind=FailureKind.TRANSIENT,
+            reason=f"replica {replica.endpoint}: {failure.reason}; retried on another",
+        )
 
     # ------------------------------------------------------------------ upkeep
     async def _keep_up(self) -> None:
