@@ -20,6 +20,7 @@ from pipeline.endpoints import (
     write_stack_state,
 )
 from pipeline.extras import require_for_topology
+from pipeline.kafka import explicit_topics
 from pipeline.observability.logging import LogSettings, configure_logging
 from pipeline.runtime.event_loop import EventLoopName, chosen_event_loop, run_on_event_loop
 from pipeline.runtime.gc_tuning import tune_gc
@@ -110,8 +111,7 @@ def run(
         DEFAULT_HOST,
         "--health-host",
         envvar="PIPELINE_HEALTH_HOST",
-        help="Address /livez, /readyz and /metrics listen on; 0.0.0.0 for probes from outside "
-        "(Kubernetes).",
+        help="Address /livez, /readyz and /metrics listen on; 0.0.0.0 for probes from outside (Kubernetes).",
     ),
     log_level: str = typer.Option(
         "info", "--log-level", help="debug, info, warning or error; libraries log only warnings unless debug."
@@ -153,7 +153,9 @@ def run(
             clear_stack_state()
     if code:
         raise typer.Exit(code)
-    say.say("stopped cleanly" if process_count == 1 else f"process {process_index + 1} of {process_count} stopped cleanly")
+    say.say(
+        "stopped cleanly" if process_count == 1 else f"process {process_index + 1} of {process_count} stopped cleanly"
+    )
 
 
 def _serve(
@@ -177,9 +179,11 @@ def _serve(
 
     endpoints = endpoints.model_copy(update={"kafka": endpoints.kafka.for_process(index, count)})
     tune_gc()  # the collector a stage runs best with (pipeline/runtime/gc_tuning.py)
-    run_on_event_loop(run_topology(
-        topology, endpoints, only_stages=stage, http_port=port, http_host=health_host, on_ready=ready
-    ), loop)
+    explicit_topics.install()  # a worker never creates a topic by naming it (a client's deleted reply topic)
+    run_on_event_loop(
+        run_topology(topology, endpoints, only_stages=stage, http_port=port, http_host=health_host, on_ready=ready),
+        loop,
+    )
 
 
 def _activation() -> int | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.client import Client, InferResult, RequestDeadLettered, RequestTimedOut, SyncClient
 from pipeline.contract.reply import REPLY_TOPIC
@@ -20,7 +21,7 @@ from pipeline.contract.request import encode_request
 from pipeline.settings import KafkaSettings
 from tests.helpers.cli import ok, run_cli
 from tests.helpers.dense_reference import mlp_reference, random_features
-from tests.helpers.kafka_io import collect, header
+from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.streams import AUDIO_STAGES, expected, utterance
 from tests.helpers.topology_process import pipeline_process, write_topology
 from tests.helpers.vad_reference import CHUNK
@@ -43,9 +44,10 @@ def test_two_clients_get_exactly_their_own_results(
     features = random_features(1000, seed=13).reshape(1000, 1, 16)
 
     async def scenario() -> None:
-        async with Client(topo.path, kafka=_kafka(kafka_bootstrap), timeout=60) as a, Client(
-            topo.path, kafka=_kafka(kafka_bootstrap), timeout=60
-        ) as b:
+        async with (
+            Client(topo.path, kafka=_kafka(kafka_bootstrap), timeout=60) as a,
+            Client(topo.path, kafka=_kafka(kafka_bootstrap), timeout=60) as b,
+        ):
             calls = [(a if i % 2 == 0 else b).infer({"features": features[i]}) for i in range(1000)]
             results = await asyncio.gather(*calls)
             for i, result in enumerate(results):
@@ -126,7 +128,8 @@ def test_infer_many_in_order_shared_mode_sync_client_and_a_refused_reply_topic(
         async with Client(topo.path, kafka=_kafka(kafka_bootstrap), reply="shared", timeout=60) as client:
             cid = client.next_id()
             record = encode_request(
-                {"features": features[0]}, correlation_id=cid,
+                {"features": features[0]},
+                correlation_id=cid,
                 extra_headers=[(REPLY_TOPIC, f"{topo.name}.elsewhere".encode())],
             )
             result = await client.call(record, cid, 60)  # read from the result topic: not rerouted
@@ -158,9 +161,10 @@ def test_audio_stream_session_yields_the_reference_probabilities(
 
     async def scenario(key: str, reply: str) -> dict[str, list[InferResult]]:
         got: dict[str, list[InferResult]] = {}
-        async with Client(topo.path, kafka=_kafka(kafka_bootstrap), timeout=60, reply=reply) as client, client.stream(
-            key
-        ) as stream:
+        async with (
+            Client(topo.path, kafka=_kafka(kafka_bootstrap), timeout=60, reply=reply) as client,
+            client.stream(key) as stream,
+        ):
 
             async def send() -> None:
                 for i, piece in enumerate(pieces):
@@ -177,7 +181,20 @@ def test_audio_stream_session_yields_the_reference_probabilities(
         # The same stream again in shared mode: its results land on the result topic, where
         # `pipeline consume` shows them to a person; both must show the same numbers.
         shared = asyncio.run(scenario("client-stream-2", "shared"))
-        shown = ok(run_cli(cli_env, "consume", "--topology", str(topo.path), "--from-beginning", "--json", "--values", "0", "--timeout", "3"))
+        shown = ok(
+            run_cli(
+                cli_env,
+                "consume",
+                "--topology",
+                str(topo.path),
+                "--from-beginning",
+                "--json",
+                "--values",
+                "0",
+                "--timeout",
+                "3",
+            )
+        )
     for results in (got, shared):
         chunks = results["chunk"]
         assert [r.chunk_index for r in chunks] == list(range(want.chunks))
@@ -193,5 +210,57 @@ def test_audio_stream_session_yields_the_reference_probabilities(
         np.concatenate([np.asarray(d["outputs"]["probability"]["values"], np.float32) for d in consumed]),
         np.concatenate([r.outputs["probability"].reshape(-1) for r in shared["chunk"]]),
     )
-    assert not any(d.get("key") == "client-stream-1" for d in lines), "a reply-topic stream never reaches the result topic"
+    assert not any(d.get("key") == "client-stream-1" for d in lines), (
+        "a reply-topic stream never reaches the result topic"
+    )
 
+
+async def _topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+def test_a_closed_clients_reply_topic_is_not_created_again_and_late_results_reach_the_result_topic(
+    kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A client closes while requests of its are still to be answered: it deletes its reply
+    topic, and the broker (Apache Kafka, whose ``auto.create.topics.enable`` is on by default,
+    as in the embedded stack) would create it again on the first metadata request that names
+    it. The result stage never asks to create a topic: the late results go to the result
+    topic, counted ``unknown-topic`` or ``unreachable``, and the reply topic stays gone."""
+    topo = write_topology(tmp_path, partitions=2)
+    features = random_features(6, seed=21).reshape(6, 1, 16)
+
+    async def scenario() -> tuple[str, list[str]]:
+        async with Client(topo.path, kafka=_kafka(kafka_bootstrap), timeout=60) as client:
+            _check_logits(await client.infer({"features": features[0]}), features[0])  # the stage now knows the topic
+            reply_topic = client.reply_topic
+            assert reply_topic is not None
+            late = [client.next_id() for _ in range(5)]
+        assert reply_topic not in await _topics(kafka_bootstrap), "the client deletes its reply topic on close"
+        records = [
+            encode_request(
+                {"features": features[i + 1]}, correlation_id=cid, extra_headers=[(REPLY_TOPIC, reply_topic.encode())]
+            )
+            for i, cid in enumerate(late)
+        ]
+        await produce(kafka_bootstrap, topo.input_topic, records)
+        got = await collect(kafka_bootstrap, [topo.result_topic], done=lambda rs: len(rs) >= 5, timeout=60)
+        assert sorted(header(r, "correlation-id") or "" for r in got.records) == sorted(late)
+        return reply_topic, late
+
+    with pipeline_process(topo, cli_env, tmp_path) as worker:
+        reply_topic, _late = asyncio.run(scenario())
+        routes = {
+            outcome: worker.metric("pipeline_reply_routes_total", stage="classify", outcome=outcome)
+            for outcome in ("honoured", "unknown-topic", "unreachable")
+        }
+        # ``unreachable``: honoured from metadata read before the deletion, then sent back
+        # (counted under both); ``unknown-topic``: known missing before it was routed.
+        assert routes["unknown-topic"] + routes["unreachable"] == 5, routes
+        assert routes["honoured"] - routes["unreachable"] == 1, routes
+    assert reply_topic not in asyncio.run(_topics(kafka_bootstrap)), "the reply topic was created again"
