@@ -166,7 +166,9 @@ PARAMETERS = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(
     shapes=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5)), min_size=1, max_size=3),
     dtype=DTYPES,
@@ -185,7 +187,11 @@ def test_random_requests_decode_alike_both_ways(
         arrays = {f"t{i}": rng.integers(0, 100, size=shape).astype(dtype) for i, shape in enumerate(shapes)}
         try:
             return encode_request(
-                arrays, correlation_id=correlation_id, model_name=model, requested_outputs=outputs, parameters=parameters
+                arrays,
+                correlation_id=correlation_id,
+                model_name=model,
+                requested_outputs=outputs,
+                parameters=parameters,
             )
         except (ValueError, TypeError, OverflowError, BadRequest):  # a parameter the encoder cannot write
             return None
@@ -206,7 +212,7 @@ def test_random_requests_decode_alike_both_ways(
 def test_learning_backs_off_when_no_record_repeats_a_layout(layouts: Layouts) -> None:
     """A sequence's chunks differ in a parameter each time: after LEARN_UNMATCHED layouts that no
     record matched, only one full decode in LEARN_BACKED_OFF_EVERY is learnt from; a match resumes."""
-    from pipeline.contract.request_layouts import LEARN_BACKED_OFF_EVERY, LEARN_UNMATCHED
+    from pipeline.contract.request_layouts import LEARN_BACKED_OFF_EVERY, LEARN_UNMATCHED, MATCH_BACKED_OFF_EVERY
 
     def chunk(index: int) -> Record:
         return features(index, parameters={"chunk_index": index})
@@ -220,8 +226,39 @@ def test_learning_backs_off_when_no_record_repeats_a_layout(layouts: Layouts) ->
         index += 1
         record = chunk(index)
         decode_request(record.value, list(record.headers))
-    assert index - LEARN_UNMATCHED == LEARN_BACKED_OFF_EVERY, "one full decode in LEARN_BACKED_OFF_EVERY is still learnt from"
+    assert index - LEARN_UNMATCHED == LEARN_BACKED_OFF_EVERY, (
+        "one full decode in LEARN_BACKED_OFF_EVERY is still learnt from"
+    )
     again = features(777, parameters={"chunk_index": index})  # repeats the layout just learnt
-    assert layouts.match(again.value, MEDIA) is not None
+    # Matching backed off too (MATCH_UNMATCHED misses in a row): compared once in
+    # MATCH_BACKED_OFF_EVERY records, and a hit ends the back-off.
+    found = [layouts.match(again.value, MEDIA) is not None for _ in range(MATCH_BACKED_OFF_EVERY + 3)]
+    first_hit = found.index(True)
+    assert first_hit < MATCH_BACKED_OFF_EVERY and all(found[first_hit:]), found
     decode_request(again.value, list(again.headers))
     assert layouts._unmatched == 0 and layouts.wants() is True
+
+
+def test_matching_backs_off_when_no_record_repeats_a_layout(layouts: Layouts) -> None:
+    """After MATCH_UNMATCHED records in a row that matched nothing, only one in
+    MATCH_BACKED_OFF_EVERY is compared with the layouts; the decoded requests are the same."""
+    from pipeline.contract import request_layouts
+    from pipeline.contract.request_layouts import MATCH_BACKED_OFF_EVERY, MATCH_UNMATCHED
+
+    compared: set[bytes] = set()
+    real = request_layouts._matches
+
+    def counting(layout: Any, value: bytes, media: str) -> Any:
+        compared.add(value)
+        return real(layout, value, media)
+
+    rounds = 10
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(request_layouts, "_matches", counting)
+        for index in range(MATCH_UNMATCHED + 1 + rounds * MATCH_BACKED_OFF_EVERY):
+            record = features(index, parameters={"chunk_index": index})
+            request = decode_request(record.value, list(record.headers))
+            assert request.parameters["chunk_index"] == index
+    # The first record finds no layout yet (a miss all the same), the next MATCH_UNMATCHED - 1
+    # are compared, then one in MATCH_BACKED_OFF_EVERY.
+    assert len(compared) == MATCH_UNMATCHED - 1 + rounds, len(compared)
