@@ -30,7 +30,7 @@ import aiokafka.client as _client
 from aiokafka.protocol.metadata import MetadataRequest
 
 
-class ExplicitTopicsMetadataRequest(MetadataRequest):
+class ExplicitTopicsMetadataRequest(MetadataRequest):  # type: ignore[misc]  # aiokafka is untyped here
     """A metadata request that names topics without asking for them to be created (unless
     its caller asks explicitly)."""
 
@@ -40,7 +40,7 @@ class ExplicitTopicsMetadataRequest(MetadataRequest):
 
 def install() -> None:
     """Every aiokafka client of this process: metadata requests never create a topic."""
-    _client.MetadataRequest = ExplicitTopicsMetadataRequest  # type: ignore[misc]
+    _client.MetadataRequest = ExplicitTopicsMetadataRequest
 
 
 def installed() -> bool:
