@@ -40,7 +40,7 @@ from workers.stateless.features import ResultStep
 from workers.stateless.tensor_map import TensorMap
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Pending:
     """A request in the batcher, waiting for its call."""
 

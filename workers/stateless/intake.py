@@ -10,7 +10,7 @@ routes, padding, defaults, fair tenants) is a request step the stage's features 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pipeline.contract.request import InferenceRequest, decode_request
 from pipeline.kafka.records import ConsumedRecord
@@ -18,9 +18,9 @@ from workers.stateless.backend import BatchBackend
 from workers.stateless.features import Draft, RequestStep
 
 
-@dataclass(frozen=True)
-class Admitted:
-    """A record's request, ready for the batcher."""
+class Admitted(NamedTuple):
+    """A record's request, ready for the batcher (a named tuple: one per record, made in a
+    third of a frozen dataclass's time)."""
 
     request: InferenceRequest  # as the backend sees it (model tensor names, padded)
     message: InferenceRequest  # as it arrived (topology tensor names)
