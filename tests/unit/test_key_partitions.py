@@ -49,3 +49,20 @@ def test_every_key_lands_where_aiokafkas_partitioner_puts_it(keys: list[bytes], 
 
 def test_nothing_to_place() -> None:
     assert key_partitions([], [0, 1]) == []
+
+
+def test_remembered_hashes_equal_computed_ones_and_the_memo_stays_bounded() -> None:
+    from pipeline.kafka import key_partitions as module
+
+    module._memo.clear()
+    first = [f"stream-{i}".encode() for i in range(20)]
+    computed = murmur2_many(first).tolist()
+    assert computed == [murmur2(k) & 0xFFFFFFFF for k in first]
+    mixed = first[::2] + [b"new-1", b"", b"new-22"] + first[1::2]
+    assert murmur2_many(mixed).tolist() == [murmur2(k) & 0xFFFFFFFF for k in mixed]  # some remembered, some not
+    assert murmur2_many(first).tolist() == computed  # all remembered: no numpy pass
+    many = [f"{i:036d}".encode() for i in range(module.MEMO_KEYS + 10)]
+    assert murmur2_many(many).tolist() == [murmur2(k) & 0xFFFFFFFF for k in many]
+    assert len(module._memo) <= module.MEMO_KEYS + 10
+    murmur2_many([b"x"])
+    assert len(module._memo) <= module.MEMO_KEYS
