@@ -110,14 +110,15 @@ class Client:
         topo = self.endpoint.topology
         limits = record_limits(topo, settings)
         timeout = self.options.connect_timeout
+        configs = topo.kafka.topic_settings()
         await ensure_topics(
             settings, topo.topics(), partitions=topo.kafka.partitions,
-            replication_factor=topo.kafka.replication_factor, limits=limits,
+            replication_factor=topo.kafka.replication_factor, limits=limits, configs=configs,
         )
         if self.reply_topic is not None:
             await ensure_topics(
                 settings, [self.reply_topic], partitions=1, replication_factor=topo.kafka.replication_factor,
-                limits=limits, configs={"retention.ms": str(self.options.reply_retention_ms)},
+                limits=limits, configs={**configs, "retention.ms": str(self.options.reply_retention_ms)},
             )
         self._producer = make_producer(settings, limits=limits)
         await start_client(self._producer, settings, timeout)

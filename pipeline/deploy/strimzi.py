@@ -70,7 +70,7 @@ def kafka_topics(ctx: DeployContext, cluster: str) -> list[Manifest]:
         spec: Manifest = {"topicName": topic, "partitions": topology.kafka.partitions}
         if topology.kafka.replication_factor > 0:
             spec["replicas"] = topology.kafka.replication_factor
-        config = dict(limits.topic_configs())
+        config = {**topology.kafka.topic_settings(), **limits.topic_configs()}
         if topic in compacted:
             config["cleanup.policy"] = "compact"
         spec["config"] = config

@@ -93,6 +93,7 @@ async def run_topology(
         compacted=state_topics,
         # Topics take the largest record any stage of this topology accepts or produces.
         limits=record_limits(topology, endpoints.kafka),
+        configs=topology.kafka.topic_settings(),
     )
     if created:
         log.info("created topics: %s", ", ".join(created))

@@ -68,6 +68,9 @@ _KAFKA_ENV_ONLY = {
 }
 
 
+_PIPELINE_TOPIC_CONFIGS = frozenset({"cleanup.policy", "max.message.bytes"})
+
+
 class KafkaSection(_Strict):
     """Kafka options that belong to the topology. Credentials and TLS come from the environment."""
 
@@ -80,12 +83,31 @@ class KafkaSection(_Strict):
     ``default.replication.factor``, so a managed Kafka with ``min.insync.replicas=2`` gets topics
     it can write to without the topology knowing its size."""
 
+    topic_configs: dict[str, str | int] = Field(default_factory=dict)
+    """Kafka topic settings for every topic the pipeline creates, by their Kafka names: with
+    ``replication_factor: 3``, ``min.insync.replicas: 2``, so an ``acks=all`` write needs two
+    copies. What the pipeline sets itself (``cleanup.policy`` of state topics,
+    ``max.message.bytes`` from the record limits) cannot be set here. Existing topics are left
+    as they are."""
+
     @field_validator("replication_factor")
     @classmethod
     def _replication_factor(cls, value: int) -> int:
         if value == 0 or value < -1:
             raise ValueError("replication_factor must be -1 (the broker's default) or 1 or more")
         return value
+
+    @field_validator("topic_configs")
+    @classmethod
+    def _topic_configs(cls, value: dict[str, str | int]) -> dict[str, str | int]:
+        owned = sorted(set(value) & _PIPELINE_TOPIC_CONFIGS)
+        if owned:
+            raise ValueError(f"{', '.join(owned)} is set by the pipeline itself")
+        return value
+
+    def topic_settings(self) -> dict[str, str]:
+        """``topic_configs`` as the broker takes them (every value a string)."""
+        return {name: str(value) for name, value in self.topic_configs.items()}
 
     @model_validator(mode="before")
     @classmethod

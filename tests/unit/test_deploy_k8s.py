@@ -793,3 +793,14 @@ def test_a_strimzi_cluster_name_that_is_a_flag_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="--strimzi '--strimzi-users': a Strimzi cluster's name"):
         DeployOptions(strimzi_cluster="--strimzi-users")
     DeployOptions(strimzi_cluster="prod-kafka")  # a name is taken
+
+
+def test_strimzi_topics_carry_the_topologys_topic_configs(tmp_path: Path) -> None:
+    doc = yaml.safe_load((REPO / "topologies" / "dense.yaml").read_text())
+    doc.setdefault("kafka", {}).update(replication_factor=3, topic_configs={"min.insync.replicas": 2})
+    path = tmp_path / "replicated.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    case = render(path, tmp_path / "strimzi", DeployOptions(strimzi_cluster="prod-kafka"))
+    specs = [t["spec"] for t in case.of("KafkaTopic")]
+    assert specs and all(s["replicas"] == 3 and s["config"]["min.insync.replicas"] == "2" for s in specs)
+    assert all(int(s["config"]["max.message.bytes"]) >= 1 << 20 for s in specs)  # the pipeline's own, kept

@@ -481,3 +481,14 @@ def test_replication_factor_defaults_to_the_brokers() -> None:
     for wrong in (0, -2):
         with pytest.raises(ValidationError, match="replication_factor must be -1"):
             Topology.model_validate({**base, "kafka": {"replication_factor": wrong}})
+
+
+def test_topic_configs_go_to_the_broker_as_strings_and_cannot_take_the_pipelines_own() -> None:
+    base = {"name": "tc", "input_topic": "in", "result_topic": "out", "stages": [{"name": "s", "kind": "stateless", "model": "m"}]}
+    assert Topology.model_validate(base).kafka.topic_settings() == {}
+    kafka = {"replication_factor": 3, "topic_configs": {"min.insync.replicas": 2, "retention.ms": "86400000"}}
+    settings = Topology.model_validate({**base, "kafka": kafka}).kafka.topic_settings()
+    assert settings == {"min.insync.replicas": "2", "retention.ms": "86400000"}
+    for owned in ("cleanup.policy", "max.message.bytes"):
+        with pytest.raises(ValidationError, match=f"{owned} is set by the pipeline itself"):
+            Topology.model_validate({**base, "kafka": {"topic_configs": {owned: "1"}}})
