@@ -147,7 +147,7 @@ def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode]) -> str:
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(node.data_dir),
         "num.partitions": "1",
-        "default.replication.factor": "1",
+        "default.replication.factor": str(replicas),  # -1 topics (the topology default) get every node, up to three
         "auto.create.topics.enable": "true",
         "offsets.topic.replication.factor": str(replicas),
         "transaction.state.log.replication.factor": str(replicas),
