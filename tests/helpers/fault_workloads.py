@@ -250,7 +250,12 @@ def reference_outputs(
     runs = start_runs(workloads, env, tmp_path)
     for run in runs:
         run.produce(bootstrap, seconds=0)
-    outputs = finish_all(runs, bootstrap)
+    return checked_references(runs, finish_all(runs, bootstrap))
+
+
+def checked_references(runs: Sequence[Run], outputs: dict[str, RunOutputs]) -> dict[str, RunOutputs]:
+    """``outputs`` of fault-free runs, checked to be fit to compare with: complete, with
+    neither dead letters nor duplicates."""
     for run in runs:
         out = outputs[run.workload.kind]
         assert run.workload.done([r for records in out.results.values() for r in records]), run.workload.kind

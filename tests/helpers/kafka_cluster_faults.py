@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import TopicPartition
 
-from pipeline.contract.records import Record
 from pipeline.embedded.kafka_broker import LOCALHOST
 from pipeline.embedded.process import SupervisedProcess
 from pipeline.embedded.stack import EmbeddedStack
@@ -42,7 +41,8 @@ from pipeline.kafka.topic_partitions import topic_partitions
 from pipeline.settings import Endpoints, KafkaSettings, S3Settings, TritonSettings
 from pipeline.topology.loader import load_topology
 from tests.helpers.fault_compare import RunOutputs
-from tests.helpers.fault_workloads import Run, Workload, finish_all, start_workers, wait_for_results
+from tests.helpers.fault_workloads import Run, Workload, checked_references, finish_all, start_workers, wait_for_results
+from tests.helpers.kafka_io import produce
 from tests.helpers.topology_process import PipelineProcess
 
 BROKERS = 3
@@ -217,13 +217,7 @@ class Cluster:
         runs = self.start_runs(workloads, tmp_path)
         for run in runs:
             run.producer = producing(run, self.bootstrap, seconds=0)
-        outputs = finish_all(runs, self.bootstrap)
-        for run in runs:
-            out = outputs[run.workload.kind]
-            assert run.workload.done([r for records in out.results.values() for r in records]), run.workload.kind
-            assert out.dead_letters == [], f"{run.workload.kind}: {len(out.dead_letters)} dead letters"
-            assert out.duplicates() == 0, f"{run.workload.kind}: a fault-free run has no duplicates"
-        return outputs
+        return checked_references(runs, finish_all(runs, self.bootstrap))
 
 
 def run_topics(runs: Iterable[Run], env: dict[str, str]) -> list[str]:
@@ -246,34 +240,13 @@ def producing(run: Run, bootstrap: str, *, seconds: float, held_back: int = 0) -
     topic = run.topology.input_topic
 
     def send() -> None:
-        asyncio.run(produce_idempotent(bootstrap, topic, now, rate=rate))
+        asyncio.run(produce(bootstrap, topic, now, rate=rate, idempotent=True))
         if tail and run.release.wait(timeout=600):
-            asyncio.run(produce_idempotent(bootstrap, topic, tail))
+            asyncio.run(produce(bootstrap, topic, tail, idempotent=True))
 
     thread = threading.Thread(target=send, name=f"produce-{run.workload.kind}")
     thread.start()
     return thread
-
-
-async def produce_idempotent(bootstrap: str, topic: str, records: Sequence[Record], *, rate: float = 0.0) -> None:
-    """Send ``records`` in order (``rate`` > 0: paced per second), every one acknowledged by
-    the in-sync replicas on return. Idempotent: a retry after a lost acknowledgement (a leader
-    killed between writing and answering) is not written twice, and a partition's records keep
-    their order across a change of leader."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
-    await producer.start()
-    try:
-        started = time.monotonic()
-        pending = []
-        for i, record in enumerate(records):
-            if rate > 0:
-                delay = started + i / rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            pending.append(await producer.send(topic, record.value, key=record.key, headers=record.headers))
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
 
 
 def longest_pause_s(out: RunOutputs, start_ms: int, end_ms: int) -> float:

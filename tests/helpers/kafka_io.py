@@ -28,15 +28,24 @@ BURST_PER_MS = 10
 
 
 async def produce(
-    bootstrap: str | KafkaSettings, topic: str, records: Sequence[Record], *, rate: float = 0.0, burst: bool = False
+    bootstrap: str | KafkaSettings,
+    topic: str,
+    records: Sequence[Record],
+    *,
+    rate: float = 0.0,
+    burst: bool = False,
+    idempotent: bool = False,
 ) -> list[RecordMetadata]:
     """Send ``records`` (all acknowledged on return, their acknowledgements returned in
     order: partition, offset, and the CreateTime each was stamped with); ``rate`` > 0 paces
     them per second.
     ``burst``: stamp them as one burst, ``BURST_PER_MS`` per millisecond from now, however
     long the sending takes (a test whose premise is "all produced within a second", in event
-    time, must not depend on how busy the machine is)."""
-    producer = AIOKafkaProducer(**_connection(bootstrap), linger_ms=5, acks="all")
+    time, must not depend on how busy the machine is).
+    ``idempotent``: a retry after a lost acknowledgement (a leader killed between writing and
+    answering) is not written twice, and a partition's records keep their order across a
+    change of leader (a broker that cannot, Tansu, refuses the producer)."""
+    producer = AIOKafkaProducer(**_connection(bootstrap), linger_ms=5, acks="all", enable_idempotence=idempotent)
     await producer.start()
     try:
         started = time.monotonic()
@@ -119,3 +128,13 @@ async def fill_two_partitions(bootstrap: str, topic: str, per_partition: int = 6
                 await producer.send_and_wait(topic, f"p{partition}-{i}".encode(), key=b"k", partition=partition)
     finally:
         await producer.stop()
+
+
+async def topic_names(bootstrap: str) -> set[str]:
+    """Every topic the broker lists."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.client import Client, InferResult, RequestDeadLettered, RequestTimedOut, SyncClient
 from pipeline.contract.reply import REPLY_TOPIC
@@ -21,7 +20,7 @@ from pipeline.contract.request import encode_request
 from pipeline.settings import KafkaSettings
 from tests.helpers.cli import ok, run_cli
 from tests.helpers.dense_reference import mlp_reference, random_features
-from tests.helpers.kafka_io import collect, header, produce
+from tests.helpers.kafka_io import collect, header, produce, topic_names
 from tests.helpers.streams import AUDIO_STAGES, expected, utterance
 from tests.helpers.topology_process import pipeline_process, write_topology
 from tests.helpers.vad_reference import CHUNK
@@ -215,15 +214,6 @@ def test_audio_stream_session_yields_the_reference_probabilities(
     )
 
 
-async def _topics(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
 def test_a_closed_clients_reply_topic_is_not_created_again_and_late_results_reach_the_result_topic(
     kafka_bootstrap: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -241,7 +231,7 @@ def test_a_closed_clients_reply_topic_is_not_created_again_and_late_results_reac
             reply_topic = client.reply_topic
             assert reply_topic is not None
             late = [client.next_id() for _ in range(5)]
-        assert reply_topic not in await _topics(kafka_bootstrap), "the client deletes its reply topic on close"
+        assert reply_topic not in await topic_names(kafka_bootstrap), "the client deletes its reply topic on close"
         records = [
             encode_request(
                 {"features": features[i + 1]}, correlation_id=cid, extra_headers=[(REPLY_TOPIC, reply_topic.encode())]
@@ -263,4 +253,4 @@ def test_a_closed_clients_reply_topic_is_not_created_again_and_late_results_reac
         # (counted under both); ``unknown-topic``: known missing before it was routed.
         assert routes["unknown-topic"] + routes["unreachable"] == 5, routes
         assert routes["honoured"] - routes["unreachable"] == 1, routes
-    assert reply_topic not in asyncio.run(_topics(kafka_bootstrap)), "the reply topic was created again"
+    assert reply_topic not in asyncio.run(topic_names(kafka_bootstrap)), "the reply topic was created again"

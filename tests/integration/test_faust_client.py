@@ -23,13 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.contract.records import Record
 from pipeline.kafka.clients import ensure_topics
 from pipeline.settings import KafkaSettings
 from tests.helpers.dense_reference import mlp_reference, random_features
-from tests.helpers.kafka_io import collect, produce
+from tests.helpers.kafka_io import collect, produce, topic_names
 from tests.helpers.topology_process import pipeline_process, write_topology
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton]
@@ -77,15 +76,6 @@ def faust_worker_factory(tmp_path: Path) -> Iterator[list[FaustWorker]]:
             worker.proc.wait(timeout=10)
 
 
-async def _topics(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
 def test_a_faust_agent_calls_the_topology_and_every_event_gets_its_result_once(
     kafka_bootstrap: str,
     cli_env: dict[str, str],
@@ -130,7 +120,7 @@ def test_a_faust_agent_calls_the_topology_and_every_event_gets_its_result_once(
         assert len(got.records) >= total, f"{len(got.records)} results:\n{worker.log()}"
         time.sleep(3)  # anything more would be a duplicate
         everything = asyncio.run(collect(kafka_bootstrap, [sink], done=lambda rs: len(rs) > total, timeout=5))
-        assert reply_topic in asyncio.run(_topics(kafka_bootstrap))
+        assert reply_topic in asyncio.run(topic_names(kafka_bootstrap))
         assert worker.stop() == 0, worker.log()
 
     keys = [r.key.decode() for r in everything.records if r.key is not None]
@@ -149,4 +139,4 @@ def test_a_faust_agent_calls_the_topology_and_every_event_gets_its_result_once(
             np.asarray(body["logits"]), mlp_reference(wanted[key].reshape(1, 16)), rtol=1e-4, atol=1e-5
         )
     # The caller closed with the app: its client deleted the reply topic it made.
-    assert reply_topic not in asyncio.run(_topics(kafka_bootstrap))
+    assert reply_topic not in asyncio.run(topic_names(kafka_bootstrap))
