@@ -10,11 +10,13 @@ names the extra to install.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
 import ssl
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -170,22 +172,36 @@ def prepare_backends(target: Path) -> Path:
     Triton's Python backend launches ``triton_python_backend_stub`` from the
     backend folder; the wheel ships one stub per Python version beside it. We
     copy rather than write into site-packages.
+
+    Each source (wheel path, Python version, stub) gets a folder of its own under
+    ``target``, staged and then renamed into place: processes starting Tritons at once
+    (the test suite's two workers, a virtualenv in another clone) never remove or
+    half-write a copy another one is using, and the first rename wins.
     """
     _, backends, _ = _pytriton_paths()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = backends.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise PipelineError(f"Triton's Python backend has no stub for Python {version}")
-    marker = target / ".source"
     source_id = f"{backends}:{version}:{stub.stat().st_size}"
-    if marker.is_file() and marker.read_text() == source_id:
-        return target
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(backends, target, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(stub, target / "python" / "triton_python_backend_stub")
-    marker.write_text(source_id)
-    return target
+    final = target / hashlib.sha256(source_id.encode()).hexdigest()[:16]
+    if (final / ".source").is_file():
+        return final
+    target.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target))
+    try:
+        copy = staging / "backends"
+        shutil.copytree(backends, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(stub, copy / "python" / "triton_python_backend_stub")
+        (copy / ".source").write_text(source_id)
+        try:
+            copy.rename(final)
+        except OSError:
+            if not (final / ".source").is_file():  # not a copy that won the race: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
 
 
 def triton_process(

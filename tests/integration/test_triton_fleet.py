@@ -44,6 +44,7 @@ from tests.helpers.fault_workloads import (
 from tests.helpers.figures import report
 from tests.helpers.own_triton import OwnTriton
 from tests.helpers.streams import assert_stream_matches, expected, gather
+from tests.helpers.topology_process import PipelineProcess
 
 pytestmark = [pytest.mark.kafka, pytest.mark.triton, pytest.mark.slow]
 
@@ -163,27 +164,33 @@ def test_a_replica_joining_mid_run_takes_only_the_streams_pinned_to_it(
     cli_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    """Both replicas are listed, the second is down when the stage starts (as a new pod
-    before it is ready) and comes up mid-run: the streams whose keys rank it highest move
-    to it at a chunk boundary, with START and their checkpointed state; the others stay.
-    Every output still equals the one-Triton reference (itself equal to the offline model)."""
+    """Both replicas are listed, and the second answers nothing when the stage starts (frozen:
+    as a new pod before it is ready, its set-up fails and is tried again) and becomes ready
+    mid-run: the streams whose keys rank it highest move to it at a chunk boundary, with START
+    and their checkpointed state; the others stay. Every output still equals the one-Triton
+    reference (itself equal to the offline model)."""
     workload = workloads["audio"]
     env = _fleet_env(cli_env, pair)
-    first, joining = pair
+    joining = pair[1]
     endpoints = [str(t.settings.grpc_url) for t in pair]
-    joining.process.stop()
-    before = _served(first.settings, "silero_vad")
-    runs = producing_runs([workload], env, tmp_path, kafka_bootstrap, seconds=12)
-    joining.heal()
+    before = [_served(t.settings, "silero_vad") for t in pair]
+    joining.process.pause()
+    try:
+        runs = producing_runs([workload], env, tmp_path, kafka_bootstrap, seconds=16)
+    finally:
+        joining.process.resume()
     fault_end_ms = int(time.time() * 1000)
+    joined = _joined(runs[0].worker, endpoints[1], timeout_s=30)
     outputs = finish_all(runs, kafka_bootstrap)
-    on_first = _served(first.settings, "silero_vad") - before
-    on_joining = _served(joining.settings, "silero_vad")  # a restarted server counts from 0
+    on_first, on_joining = (_served(t.settings, "silero_vad") - b for t, b in zip(pair, before, strict=True))
     pinned = _audio_frames(workload, endpoints)
     movers = sum(
         1 for key in {r.key for r in workload.records if r.key} if pinned_endpoint(key, endpoints) == endpoints[1]
     )
-    note = f"{movers} of 8 streams rank the joining replica highest; frames {on_first:.0f} on the first, {on_joining:.0f} on the joining one"
+    note = (
+        f"joined {joined:.1f} s after it became ready; {movers} of 8 streams rank it highest; "
+        f"frames {on_first:.0f} on the first replica, {on_joining:.0f} on the joining one"
+    )
     judge(
         "a second Triton replica joins mid-run",
         outputs,
@@ -198,6 +205,15 @@ def test_a_replica_joining_mid_run_takes_only_the_streams_pinned_to_it(
     assert on_first >= pinned[0]
     assert on_joining <= pinned[1]
     assert (on_joining > 0) == (movers > 0), (on_joining, movers)
+
+
+def _joined(worker: PipelineProcess, endpoint: str, timeout_s: float) -> float:
+    """Seconds until the worker says ``endpoint`` is up (its replica set's log line)."""
+    started = time.monotonic()
+    while f"Triton replica {endpoint} is up" not in worker.log():
+        assert time.monotonic() - started < timeout_s, f"replica {endpoint} never joined\n{worker.log()}"
+        time.sleep(0.1)
+    return time.monotonic() - started
 
 
 @pytest.mark.parametrize(("kind", "model"), [("stateless", "dense_classifier"), ("audio", "silero_vad")])
