@@ -17,3 +17,7 @@ class ConfigError(PipelineError):
 
 class EndpointUnreachable(PipelineError):
     """A configured service (Kafka, Triton, S3) did not answer."""
+
+
+class AccessDenied(PipelineError):
+    """A service authenticated this process and refused it an operation (a Kafka ACL)."""

@@ -1,12 +1,14 @@
-"""``pipeline deploy k8s TOPOLOGY``: a kustomize base generated from the topology.
+"""``pipeline deploy k8s TOPOLOGY``: a kustomize base generated from the topology; ``pipeline
+deploy acls TOPOLOGY``: its least-privilege Kafka ACLs.
 
-Generation only: nothing here talks to a cluster. ``kubectl apply -k DIR`` applies the
+Generation only, but for ``acls --apply``: nothing else here talks to a cluster. ``kubectl apply -k DIR`` applies the
 result; ``kubectl kustomize DIR`` shows it. The options say where the services are and how
 big things are; what runs comes from the topology (:mod:`pipeline.deploy`).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +16,7 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.app import app, console
+from pipeline.cli.connection import announce, connection_options, endpoints_text, load_target
 from pipeline.cli.help import PipelineGroup
 from pipeline.deploy import DeployOptions, Resources, generate, write_bundle
 from pipeline.deploy.options import DEFAULT_IMAGE, TRITON_IMAGE, toleration
@@ -159,3 +162,53 @@ def _label(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise ConfigError(f"--triton-node-selector {text!r}: expected KEY=VALUE")
     return key, value
+
+
+@deploy_app.command("acls")
+@connection_options(kafka=True)
+def acls(
+    topology_file: Annotated[Path, typer.Argument(metavar="TOPOLOGY", help="Topology YAML file.")],
+    clients: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--client",
+            metavar="NAME",
+            help="Also a request-reply client User:NAME: write the requests, use reply topic "
+            "<result_topic>.reply.NAME (repeatable).",
+        ),
+    ] = None,
+    apply_now: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Create the ACLs on the cluster (-b, -X as an admin) instead of printing kafka-acls.sh commands.",
+        ),
+    ] = False,
+) -> None:
+    """Least-privilege Kafka ACLs for each run unit (User:<topology>-<unit>) and each --client.
+
+    Each unit may read its inputs and group, write its outputs, dead letters, metrics and
+    state, and watch the units upstream of it; nothing else (docs/security.md). Printed as a
+    shell script of kafka-acls.sh commands (it reads $BOOTSTRAP and $ADMIN_CONFIG), or, with
+    --apply, created through the admin API; creating an existing ACL is harmless.
+    """
+    import asyncio
+
+    from pipeline.deploy.kafka_acls import kafka_acls_script, topology_grants
+    from pipeline.kafka.acl_admin import create_acls
+
+    target = load_target(topology_file)
+    assert target.topology is not None
+    try:
+        grants = topology_grants(target.topology, clients or ())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not apply_now:
+        sys.stdout.write(kafka_acls_script(grants))
+        return
+    kafka = target.kafka()
+    announce(endpoints_text(kafka=kafka, target=target))
+    bindings = [binding for grant in grants for binding in grant.bindings()]
+    created = asyncio.run(create_acls(kafka, bindings))
+    principals = len({grant.principal for grant in grants})
+    console.print(f"created {created} ACL bindings for {principals} principals", highlight=False, soft_wrap=True)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import TopicAuthorizationFailedError
 from typing_extensions import Self
 
 from pipeline.client.endpoint import TopologyEndpoint
@@ -123,11 +124,20 @@ class Client:
         self._producer = make_producer(settings, limits=limits)
         await start_client(self._producer, settings, timeout)
         reads = [self.reply_topic or self.endpoint.result_topic]
+        partitions = {t: await asyncio.wait_for(self._producer.partitions_for(t), timeout) for t in reads}
+        dead_letters: str | None = self.endpoint.dead_letter_topic
+        try:
+            partitions[self.endpoint.dead_letter_topic] = await asyncio.wait_for(
+                self._producer.partitions_for(self.endpoint.dead_letter_topic), timeout
+            )
+        except TopicAuthorizationFailedError:
+            log.warning("not allowed to read the dead-letter topic %s: a call whose request is dead-lettered "
+                        "ends by its timeout", dead_letters)
+            dead_letters = None
         self._inbox = Inbox(
-            settings, self._waiters, reply_topics=reads, dead_letter_topic=self.endpoint.dead_letter_topic,
+            settings, self._waiters, reply_topics=reads, dead_letter_topic=dead_letters,
             own_reply_topic=self.reply_topic, limits=limits,
         )
-        partitions = {t: await asyncio.wait_for(self._producer.partitions_for(t), timeout) for t in self._inbox.topics}
         await self._inbox.start(partitions, timeout)
         return self
 

@@ -10,6 +10,9 @@ rebalance one another.
 Dead letters stay on the dead-letter topic (one outcome per record; ``pipeline
 replay`` reads them there). A client with a reply topic skips, before decoding, every
 dead letter whose ``reply-topic`` header is not its own, so it only decodes its own.
+A least-privilege client may not read the dead-letter topic at all (it holds other
+clients' requests; ``pipeline deploy acls --client``): it is then given none, and a call
+whose request is dead-lettered ends by its timeout.
 """
 
 from __future__ import annotations
@@ -40,13 +43,13 @@ class Inbox:
         waiters: Waiters,
         *,
         reply_topics: Sequence[str],
-        dead_letter_topic: str,
+        dead_letter_topic: str | None,
         own_reply_topic: str | None,
         limits: RecordLimits,
     ) -> None:
         self._settings = settings
         self._waiters = waiters
-        self._topics = [*reply_topics, dead_letter_topic]
+        self._topics = [*reply_topics, *([dead_letter_topic] if dead_letter_topic else [])]
         self._dead_letter_topic = dead_letter_topic
         self._own = own_reply_topic.encode() if own_reply_topic else None
         self._consumer: AIOKafkaConsumer = make_consumer(

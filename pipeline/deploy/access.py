@@ -20,13 +20,19 @@ tests build the runtime's own stages and check every topic and group they use ag
 Nothing else: no Create (the topics are ``KafkaTopic`` resources, or made beforehand), no
 cluster operation (idempotent producers need only Write on a topic since Kafka 2.8, and the
 stages use no transactions).
+
+:func:`acl_rules` turns a unit's access into ACL rules, the one form both renderings use:
+Strimzi ``KafkaUser`` resources (:mod:`pipeline.deploy.strimzi`) and bindings applied to a
+cluster (:mod:`pipeline.deploy.kafka_acls`). :func:`client_rules` are a request-reply
+client's: it writes the requests and reads its own reply topic, nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from pipeline.contract.reply import reply_prefix
+from pipeline.contract.reply import reply_headers, reply_prefix, reply_target
 from pipeline.runtime.stages import chain_upstream
 from pipeline.topology.model import SequenceStageConfig, StatelessStageConfig, Topology
 
@@ -109,3 +115,70 @@ def _graph_access(topology: Topology) -> list[UnitAccess]:
 
 def _unique(*topics: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(topics))
+
+
+Operation = Literal["Read", "Write", "Create", "Delete", "Describe"]
+_ORDER: dict[str, int] = {"Read": 0, "Write": 1, "Create": 2, "Delete": 3, "Describe": 4}
+
+
+@dataclass(frozen=True)
+class AclRule:
+    """Operations allowed on one resource (Kafka's ACL names, as Strimzi's ``simple`` ACLs)."""
+
+    resource_type: Literal["topic", "group"]
+    name: str
+    operations: tuple[Operation, ...]
+    pattern: Literal["literal", "prefix"] = "literal"
+
+
+class _Rules:
+    """Rules gathered per resource, each resource's operations merged in a stable order."""
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[str, str, str], list[Operation]] = {}
+
+    def allow(self, kind: Literal["topic", "group"], name: str, *ops: Operation, pattern: str = "literal") -> None:
+        granted = self._found.setdefault((kind, name, pattern), [])
+        granted += [op for op in ops if op not in granted]
+
+    def rules(self) -> list[AclRule]:
+        return [
+            AclRule(kind, name, tuple(sorted(ops, key=_ORDER.__getitem__)), pattern)  # type: ignore[arg-type]
+            for (kind, name, pattern), ops in self._found.items()
+        ]
+
+
+def acl_rules(access: UnitAccess) -> list[AclRule]:
+    """What ``access`` needs, as ACL rules: one per resource, its operations merged."""
+    found = _Rules()
+    for topic in access.reads:
+        found.allow("topic", topic, "Read", "Describe")
+    for topic in access.writes:
+        found.allow("topic", topic, "Write", "Describe")
+    if access.reply_prefix is not None:
+        found.allow("topic", access.reply_prefix, "Write", "Describe", pattern="prefix")
+    found.allow("group", access.group_id, "Read", "Describe")
+    for group, topic in access.upstream:
+        found.allow("group", group, "Describe")
+        found.allow("topic", topic, "Read", "Describe")
+    return found.rules()
+
+
+def client_reply_topic(topology: Topology, client: str) -> str:
+    """The reply topic of the client named ``client``: ``<result_topic>.reply.<client>``."""
+    topic = reply_prefix(topology.result_topic) + client
+    if not reply_target(reply_headers(topic, None), reply_prefix(topology.result_topic)).honoured:
+        raise ValueError(f"client name {client!r} does not make a valid reply topic name ({topic!r})")
+    return topic
+
+
+def client_rules(topology: Topology, client: str) -> list[AclRule]:
+    """A request-reply client's rules: Write on the request topics (the input and its lanes),
+    and its own reply topic (:func:`client_reply_topic`) to create, read and delete. It sees
+    no result, no dead letter and no other client's reply topic: a call whose request is
+    dead-lettered ends by its timeout, as the client library's docs say for this setup."""
+    found = _Rules()
+    for topic in _unique(topology.input_topic, *(lane.topic for lane in topology.resolved_lanes())):
+        found.allow("topic", topic, "Write", "Describe")
+    found.allow("topic", client_reply_topic(topology, client), "Read", "Create", "Delete", "Describe")
+    return found.rules()

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.deploy.access import UnitAccess, unit_access
+from pipeline.deploy.access import UnitAccess, acl_rules, unit_access
+from pipeline.deploy.kafka_acls import unit_user
 from pipeline.deploy.objects import DeployContext, Manifest, metadata
 from pipeline.deploy.units import resource_name
 from pipeline.runtime.stages import record_limits
@@ -81,7 +82,7 @@ def kafka_topics(ctx: DeployContext, cluster: str) -> list[Manifest]:
 
 def user_name(ctx: DeployContext, unit: str) -> str:
     """The KafkaUser (and SCRAM username, and Secret) of ``unit``: its Deployment's name."""
-    return resource_name(ctx.topology.name, unit)
+    return unit_user(ctx.topology, unit)
 
 
 def cluster_ca_secret(cluster: str) -> str:
@@ -108,31 +109,14 @@ def kafka_user(ctx: DeployContext, access: UnitAccess, cluster: str) -> Manifest
 
 
 def acls(access: UnitAccess) -> list[Manifest]:
-    """The ``simple`` ACLs of ``access``: one rule per resource, its operations merged."""
-    rules: dict[tuple[str, str, str], list[str]] = {}
-
-    def allow(kind: str, name: str, *operations: str, pattern: str = "literal") -> None:
-        granted = rules.setdefault((kind, name, pattern), [])
-        granted += [op for op in operations if op not in granted]
-
-    for topic in access.reads:
-        allow("topic", topic, "Read", "Describe")
-    for topic in access.writes:
-        allow("topic", topic, "Write", "Describe")
-    if access.reply_prefix is not None:
-        allow("topic", access.reply_prefix, "Write", "Describe", pattern="prefix")
-    allow("group", access.group_id, "Read", "Describe")
-    for group, topic in access.upstream:
-        allow("group", group, "Describe")
-        allow("topic", topic, "Read", "Describe")
-    order = {"Read": 0, "Write": 1, "Describe": 2}
+    """The ``simple`` ACLs of ``access`` (:func:`pipeline.deploy.access.acl_rules`)."""
     return [
         {
-            "resource": {"type": kind, "name": name, "patternType": pattern},
-            "operations": sorted(operations, key=order.__getitem__),
+            "resource": {"type": rule.resource_type, "name": rule.name, "patternType": rule.pattern},
+            "operations": list(rule.operations),
             "host": "*",
         }
-        for (kind, name, pattern), operations in rules.items()
+        for rule in acl_rules(access)
     ]
 
 

@@ -24,11 +24,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.embedded.kafka_security import BrokerSecurity
 from pipeline.embedded.process import ServiceStartError, SupervisedProcess, die_with_parent, free_ports, port_open
 from pipeline.errors import PipelineError
 
@@ -117,8 +118,11 @@ class KafkaNode:
         return f"{self.node_id}@{LOCALHOST}:{self.controller_port}"
 
 
-def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode]) -> str:
-    """``server.properties`` for ``node`` in ``cluster`` (every node, ``node`` included).
+def server_properties(
+    node: KafkaNode, cluster: Sequence[KafkaNode], security: Mapping[str, str] | None = None
+) -> str:
+    """``server.properties`` for ``node`` in ``cluster`` (every node, ``node`` included);
+    ``security`` (:meth:`BrokerSecurity.server_settings`) makes the client listener ``SASL_SSL``.
 
     Internal topics get the cluster's size as replication factor (at most 3) so a single
     node works at all and three nodes survive the loss of one; the transaction log's
@@ -136,12 +140,13 @@ def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode]) -> str:
     if node not in cluster:
         raise ValueError(f"node {node.node_id} is not in the cluster")
     replicas = min(len(cluster), 3)
+    listener = "SASL_SSL" if security else "PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node.node_id),
         "controller.quorum.voters": ",".join(n.voter for n in cluster),
-        "listeners": f"PLAINTEXT://{LOCALHOST}:{node.broker_port},CONTROLLER://{LOCALHOST}:{node.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{LOCALHOST}:{node.broker_port}",
+        "listeners": f"{listener}://{LOCALHOST}:{node.broker_port},CONTROLLER://{LOCALHOST}:{node.controller_port}",
+        "advertised.listeners": f"{listener}://{LOCALHOST}:{node.broker_port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
@@ -158,8 +163,25 @@ def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode]) -> str:
         "group.min.session.timeout.ms": "1000",
         "log.message.timestamp.after.max.ms": str((1 << 63) - 1),
         "controlled.shutdown.enable": "false",
+        **(security or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _private(path: Path, content: bytes) -> Path:
+    """Write ``content`` to ``path``, readable by this user only (it may hold passwords or keys)."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_bytes(content)
+    return path
+
+
+def _argfile(arguments: Sequence[str]) -> bytes:
+    """A Java launcher ``@argfile``: one argument per line, each quoted (they may hold spaces)."""
+    for argument in arguments:
+        if any(c in argument for c in "\"\n\\"):
+            raise ValueError("an argument file line may not hold quotes, backslashes or newlines")
+    return "".join(f'"{argument}"\n' for argument in arguments).encode()
 
 
 def rss_bytes(pid: int) -> int:
@@ -182,7 +204,9 @@ class ApacheKafka:
     restarted later (``kill()`` then ``start()``) waits for exactly that before returning.
     """
 
-    def __init__(self, log_dir: Path, nodes: int = 1, *, start_timeout: float = 120.0) -> None:
+    def __init__(
+        self, log_dir: Path, nodes: int = 1, *, start_timeout: float = 120.0, security: BrokerSecurity | None = None
+    ) -> None:
         if nodes < 1:
             raise ValueError("a Kafka cluster needs at least one node")
         self.lib = kafka_lib_dir()
@@ -196,6 +220,7 @@ class ApacheKafka:
             KafkaNode(i, ports[2 * i - 2], ports[2 * i - 1], self.work_dir / f"node-{i}" / "data")
             for i in range(1, nodes + 1)
         ]
+        self.security = security
         self.started_at: float | None = None
         self.startup_seconds: float | None = None
         self._processes: list[SupervisedProcess] = []
@@ -231,10 +256,19 @@ class ApacheKafka:
         for node in self.nodes:
             config = self._config_dir(node) / "server.properties"
             config.parent.mkdir(parents=True, exist_ok=True)
-            config.write_text(server_properties(node, self.nodes))
+            tool = ["kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config)]
+            security = None
+            if self.security is not None:
+                security = self.security.server_settings(
+                    _private(config.with_name("keystore.pem"), self.security.keystore_pem()),
+                    _private(config.with_name("truststore.pem"), self.security.truststore_pem()),
+                )
+                # the users' passwords go in an argument file the launcher reads, not in argv
+                tool = [f"@{_private(config.with_name('format.args'), _argfile([*tool, *self.security.format_arguments()]))}"]
+            _private(config, server_properties(node, self.nodes, security).encode())
             log = self.log_dir / f"kafka-format-{node.node_id}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            argv = [*self._jvm(), "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config)]
+            argv = [*self._jvm(), *tool]
             with open(log, "wb") as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
             formats.append((node, proc, log))
@@ -268,8 +302,25 @@ class ApacheKafka:
         if self._launching:
             return True  # wait_ready checks the whole cluster once every node runs
         return port_open(LOCALHOST, node.broker_port) and cluster_answers(
-            f"{LOCALHOST}:{node.broker_port}", len(self.nodes)
+            f"{LOCALHOST}:{node.broker_port}", len(self.nodes), client=self.admin_client_kwargs()
         )
+
+    def admin_client_kwargs(self) -> dict[str, object]:
+        """aiokafka keyword arguments that log in as the super user (none without security)."""
+        if self.security is None:
+            return {}
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.security.tls.ca_cert))
+        if self.security.admin_certificate is not None:
+            context.load_cert_chain(*map(str, self.security.admin_certificate))
+        return {
+            "security_protocol": "SASL_SSL",
+            "ssl_context": context,
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": "admin",
+            "sasl_plain_password": self.security.admin_password.get_secret_value(),
+        }
 
     def wait_ready(self) -> None:
         """Wait until every broker is registered and answers; records :attr:`startup_seconds`."""
@@ -285,7 +336,7 @@ class ApacheKafka:
             if dead:
                 raise ServiceStartError(f"{dead[0].name} exited while starting; last lines of {dead[0].log_path}:\n{dead[0].tail()}")
             if all(port_open(LOCALHOST, n.broker_port) for n in self.nodes) and cluster_answers(
-                self.bootstrap_servers, len(self.nodes)
+                self.bootstrap_servers, len(self.nodes), client=self.admin_client_kwargs()
             ):
                 if self.started_at is not None:
                     self.startup_seconds = time.monotonic() - self.started_at
@@ -325,7 +376,9 @@ READY_PROBE_GROUP = "pipeline-embedded-ready"
 """A group no one joins: the readiness probe asks its coordinator to describe it."""
 
 
-def cluster_answers(bootstrap_servers: str, expected_brokers: int, timeout: float = 5.0) -> bool:
+def cluster_answers(
+    bootstrap_servers: str, expected_brokers: int, timeout: float = 5.0, *, client: Mapping[str, object] | None = None
+) -> bool:
     """True when a metadata request lists ``expected_brokers`` brokers and a group coordinator
     answers. A fresh cluster creates ``__consumer_offsets`` on the first FindCoordinator and
     answers every group's request with COORDINATOR_NOT_AVAILABLE, then NOT_COORDINATOR or
@@ -337,7 +390,7 @@ def cluster_answers(bootstrap_servers: str, expected_brokers: int, timeout: floa
     run inside an event loop, so the probe gets a loop of its own on a worker thread."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-probe")
     try:
-        future = pool.submit(asyncio.run, _broker_count(bootstrap_servers, timeout))
+        future = pool.submit(asyncio.run, _broker_count(bootstrap_servers, timeout, dict(client or {})))
         with contextlib.suppress(Exception):  # any failure just means "not yet"
             return future.result(timeout=timeout + 5) >= expected_brokers
         return False
@@ -345,10 +398,10 @@ def cluster_answers(bootstrap_servers: str, expected_brokers: int, timeout: floa
         pool.shutdown(wait=False)
 
 
-async def _broker_count(bootstrap_servers: str, timeout: float) -> int:
+async def _broker_count(bootstrap_servers: str, timeout: float, client: dict[str, object]) -> int:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout * 1000))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout * 1000), **client)
     await admin.start()
     try:
         cluster = await admin.describe_cluster()

@@ -14,17 +14,25 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.conn import collect_hosts
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.conn import collect_hosts, create_conn
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    UnsupportedSaslMechanismError,
+)
 
 from pipeline.contract.errors import one_line
-from pipeline.errors import EndpointUnreachable
+from pipeline.errors import AccessDenied, EndpointUnreachable
 from pipeline.kafka import continuity
 from pipeline.settings import KafkaSettings
 
@@ -39,7 +47,7 @@ _MIN_PARTITION_FETCH_BYTES = 4 << 20
 #: Bound on one producer send and its delivery (see :func:`make_producer`).
 SEND_TIMEOUT_MS = 30_000
 _MIN_FETCH_BYTES = 50 << 20
-#: Bound on the TLS handshake that checks a bootstrap server (see :func:`check_tls`).
+#: Bound on the TLS handshake that checks a bootstrap server (see :func:`check_connection`).
 TLS_PROBE_TIMEOUT_S = 5.0
 
 
@@ -76,18 +84,65 @@ class RecordLimits:
         return {"max.message.bytes": str(self.max_record_bytes)}
 
 
-async def failing_in_one_line(work: Awaitable[None], what: str) -> None:
+async def failing_in_one_line(
+    work: Awaitable[None], what: str, *, settings: KafkaSettings | None = None, reads: Collection[str] = ()
+) -> None:
     """Await ``work``; when Kafka fails it where it cannot wait (an output not acknowledged
     within ``SEND_TIMEOUT_MS``), raise one line for the operator instead of a traceback: an
     outage to report, not a bug. Nothing past the last acknowledged output was committed,
-    so a restarted worker replays from there."""
+    so a restarted worker replays from there. A refusal by an ACL is one line too
+    (:func:`access_denied`; ``reads``: the topics ``work`` consumes, the rest it writes)."""
     try:
         await work
+    except (TopicAuthorizationFailedError, GroupAuthorizationFailedError) as exc:
+        raise access_denied(exc, settings, reads, what) from exc
     except KafkaError as exc:
         raise EndpointUnreachable(
             f"{what}: Kafka failed it ({type(exc).__name__}: {exc}); nothing past its last "
             "acknowledged output is committed: a restarted worker replays from there"
         ) from exc
+
+
+def access_denied(
+    exc: TopicAuthorizationFailedError | GroupAuthorizationFailedError,
+    settings: KafkaSettings | None,
+    reads: Collection[str],
+    what: str,
+) -> AccessDenied:
+    """One line naming the principal, the operation and the resource an ACL refused.
+
+    aiokafka names the resources (its exception's argument: a topic, a group, or a set of
+    topics) but not the operation; a topic this client consumes was refused Read (or the
+    Describe that comes with it), any other topic Write, a group Read."""
+    found = exc.args[0] if exc.args else "?"
+    names = sorted(found) if isinstance(found, (set, list, tuple, frozenset)) else [found]
+    user = f"User:{settings.sasl_username}" if settings is not None and settings.sasl_username else "this principal"
+    if isinstance(exc, GroupAuthorizationFailedError):
+        resource, operation = "group", "Read"
+    else:
+        resource, operation = "topic", "Read" if all(name in reads for name in names) else "Write"
+    listed = ", ".join(repr(str(name)) for name in names)
+    return AccessDenied(
+        f"{what}: not authorized: the broker refused {user} {operation} on {resource} {listed} "
+        f"({type(exc).__name__}); its ACLs: `pipeline deploy acls`"
+    )
+
+
+async def refuse_unauthorized(settings: KafkaSettings, topics: Collection[str], what: str) -> None:
+    """Raise :func:`access_denied` (Read) when the broker says this principal may not see one
+    of ``topics``: a consumer only finds no partitions there, as for a topic that does not
+    exist, so a tool that found none asks (error 29 in a metadata answer) before saying so."""
+    if not topics:
+        return
+    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(topics))
+    finally:
+        await admin.close()
+    refused = {t["topic"] for t in described if t["error_code"] == _TOPIC_AUTHORIZATION_FAILED}
+    if refused:
+        raise access_denied(TopicAuthorizationFailedError(refused), settings, refused, what)
 
 
 _IDEMPOTENCE: dict[str | None, bool] = {}
@@ -220,14 +275,12 @@ async def ensure_topics(
     ``configs``: more topic settings for every topic (a client's reply topic: its
     ``retention.ms``). Existing topics are left as they are.
     """
-    await check_tls(settings)
+    await check_connection(settings)
     admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
     try:
         await admin.start()
     except KafkaConnectionError as exc:
-        raise EndpointUnreachable(
-            f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
-        ) from exc
+        raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
     try:
         existing = set(await admin.list_topics())
         wanted = [t for t in dict.fromkeys(topics) if t not in existing]
@@ -282,18 +335,19 @@ def _created(response: object, wanted: list[str]) -> list[str]:
     return [t for t in wanted if errors.get(t, (0, None))[0] == 0]
 
 
-async def check_tls(settings: KafkaSettings) -> None:
-    """Fail fast with one line when the TLS handshake with a bootstrap server fails.
+async def check_connection(settings: KafkaSettings) -> None:
+    """Fail fast with one line when the TLS handshake with a bootstrap server fails, or the
+    broker refuses the SASL login.
 
     aiokafka only *logs* why each bootstrap server failed and then raises a bare "Unable
     to bootstrap", which hides what a person must fix (a wrong CA file, a certificate for
-    another host, a port that does not speak TLS). So before a client starts, one TLS
-    handshake with the clients' own context names it, and nothing else is printed.
-    Without TLS, or when the handshake succeeds, this does nothing.
+    another host, a port that does not speak TLS, a wrong password). So before a client
+    starts, one TLS handshake with the clients' own context names it, then one login
+    (:func:`login_failure`), and nothing else is printed. Without TLS and SASL, or when
+    both succeed, this does nothing.
     """
-    if settings.security_protocol not in ("SSL", "SASL_SSL"):
-        return
-    failure = await _tls_failure(settings)
+    failure = await _tls_failure(settings) if settings.security_protocol in ("SSL", "SASL_SSL") else None
+    failure = failure or await login_failure(settings)
     if failure is not None:
         raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {failure}")
 
@@ -318,4 +372,42 @@ async def _tls_failure(settings: KafkaSettings) -> str | None:
         except (OSError, asyncio.TimeoutError):
             continue
         writer.close()
+    return None
+
+
+_LOGIN_KEYS = ("security_protocol", "ssl_context", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
+
+
+async def login_failure(settings: KafkaSettings) -> str | None:
+    """Why the broker refused this client's login, if it did: its SASL credentials, or (mutual
+    TLS) its certificate; else None.
+
+    Like a TLS failure, a refused login is only *logged* by aiokafka, per connection attempt,
+    before it raises a bare "Unable to bootstrap". A client asks this once, on one connection
+    of its own, before it starts (:func:`check_connection`), so the one line it prints names
+    the user or the certificate and the broker's reason; the reason never holds the password.
+    A certificate the broker refuses is only known after the handshake (TLS 1.3 sends the
+    alert with the first answer), so the handshake probe alone does not see it."""
+    if settings.security_protocol == "PLAINTEXT":
+        return None
+    login = {key: value for key, value in settings.client_kwargs().items() if key in _LOGIN_KEYS}
+    for host, port, _ in collect_hosts(settings.bootstrap_servers, randomize=False):
+        try:
+            conn = await asyncio.wait_for(create_conn(host, port, **login), TLS_PROBE_TIMEOUT_S)
+        except (SaslAuthenticationFailed, UnsupportedSaslMechanismError) as exc:
+            return (
+                f"{host}:{port} refused the SASL login of user {settings.sasl_username!r} "
+                f"({login.get('sasl_mechanism')}): {one_line(str(exc))}"
+            )
+        except KafkaConnectionError as exc:
+            if isinstance(exc.__cause__, ssl.SSLError):
+                return (
+                    f"{host}:{port} refused this client's TLS certificate "
+                    f"(PIPELINE_KAFKA_SSL_CERTFILE={settings.ssl_certfile}): {exc.__cause__.reason or exc.__cause__}"
+                )
+            continue
+        except (KafkaError, OSError, asyncio.TimeoutError):
+            continue
+        conn.close()
+        return None
     return None

@@ -9,14 +9,14 @@ from aiokafka.errors import KafkaError
 
 from pipeline.contract.errors import one_line
 from pipeline.errors import EndpointUnreachable
-from pipeline.kafka.clients import check_tls
+from pipeline.kafka.clients import check_connection
 from pipeline.settings import KafkaSettings
 
 
 async def start_client(client: AIOKafkaProducer | AIOKafkaConsumer, settings: KafkaSettings, timeout: float) -> None:
     """Start ``client``; no answer within ``timeout`` is :class:`EndpointUnreachable`, one line."""
     try:
-        await check_tls(settings)  # a TLS failure named in one line, before aiokafka hides it
+        await check_connection(settings)  # a TLS or login failure named in one line, before aiokafka hides it
         await asyncio.wait_for(client.start(), timeout)
     except EndpointUnreachable:
         await client.stop()

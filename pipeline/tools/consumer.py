@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from pipeline.contract.errors import TextEnum
-from pipeline.kafka.clients import make_consumer
+from pipeline.kafka.clients import make_consumer, refuse_unauthorized
 from pipeline.kafka.topic_partitions import topic_partitions
 from pipeline.settings import KafkaSettings
 from pipeline.tools.connect import start_client
@@ -117,7 +117,7 @@ async def consume(
     )
     await start_client(consumer, settings, options.connect_timeout_s)
     if options.partitions or options.start is not None:
-        return await _consume_assigned(consumer, topics, options, on_record, on_ready, stop)
+        return await _consume_assigned(settings, consumer, topics, options, on_record, on_ready, stop)
     try:
         consumer.subscribe(topics)
         # A group join waits for the members of the previous generation, up to a session timeout.
@@ -125,12 +125,13 @@ async def consume(
         assigned = await _wait_assigned(
             consumer, topics, patience, stop, every_topic=not options.group
         )
-        return await _read(consumer, topics, assigned, options, on_record, on_ready, stop)
+        return await _read(settings, consumer, topics, assigned, options, on_record, on_ready, stop)
     finally:
         await consumer.stop()
 
 
 async def _consume_assigned(
+    settings: KafkaSettings,
     consumer: AIOKafkaConsumer,
     topics: list[str],
     options: ConsumeOptions,
@@ -148,12 +149,13 @@ async def _consume_assigned(
         consumer.assign(assigned)
         if assigned:
             await _seek(consumer, assigned, options)
-        return await _read(consumer, topics, assigned, options, on_record, on_ready, stop)
+        return await _read(settings, consumer, topics, assigned, options, on_record, on_ready, stop)
     finally:
         await consumer.stop()
 
 
 async def _read(
+    settings: KafkaSettings,
     consumer: AIOKafkaConsumer,
     topics: list[str],
     assigned: list[TopicPartition],
@@ -167,6 +169,7 @@ async def _read(
     for partition in assigned:
         await consumer.position(partition)
     missing = sorted(set(topics) - {tp.topic for tp in assigned})
+    await refuse_unauthorized(settings, missing, "consume")
     if on_ready is not None:
         on_ready(sorted(assigned), missing)
     records, reason = await _loop(consumer, options, on_record, stop)

@@ -72,11 +72,13 @@ def make_ca(common_name: str) -> Issued:
 def issue(ca: Issued, common_name: str, *, server: bool) -> Issued:
     """A leaf certificate signed by ``ca``: for a server at 127.0.0.1/localhost, or a client."""
     key = ec.generate_private_key(ec.SECP256R1())
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    # A server's certificate serves for client authentication too: a Kafka broker presents it
+    # to its peers (and, under mutual TLS, checks at start that it could).
+    usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
     builder = (
         _builder(common_name, ca.cert.subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
         )

@@ -52,6 +52,21 @@ HEAVY_RECORD_BYTES = 256 * 1024
 
 S = TypeVar("S")
 
+def _in_one_line(stage: StreamStage, work: Awaitable[None]) -> Awaitable[None]:
+    """``work``, its Kafka failures (an outage, an ACL's refusal) raised as one line naming the stage."""
+    return failing_in_one_line(work, f"stage {stage.io.stage}", settings=stage.kafka, reads=stage.io.input_topics)
+
+
+async def _closing_on_failure(stage: StreamStage, work: Awaitable[None]) -> None:
+    """``work``; if it fails, the stage's clients are closed before the failure goes on (a
+    stage refused at start never ran, so nothing of it would close them)."""
+    try:
+        await work
+    except BaseException:
+        await stage._close(clean=False)
+        raise
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, stage: StreamStage) -> None:
         self._stage = stage
@@ -222,7 +237,7 @@ class StreamStage(abc.ABC):
         await self.setup()
         clients = await open_clients(self.io, self.kafka, self.metrics, self.outcomes, self.fence, _Rebalance(self))
         self._producer, self._consumer, self._outbox = clients.producer, clients.consumer, clients.outbox
-        await self._consumer.start()  # waits for the first assignment: restore() sees the consumer
+        await _closing_on_failure(self, _in_one_line(self, self._consumer.start()))  # the first assignment
         self.ready = True
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -234,7 +249,7 @@ class StreamStage(abc.ABC):
         outbox_stop = asyncio.Event()
         emitter = asyncio.create_task(self.outbox.run(outbox_stop), name=f"{self.io.stage}-outbox")
         try:
-            await failing_in_one_line(self._consume(stop, emitter), f"stage {self.io.stage}")
+            await _in_one_line(self, self._consume(stop, emitter))
         finally:
             self.ready = False
             try:

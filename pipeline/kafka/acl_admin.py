@@ -1,0 +1,78 @@
+"""Create ACL bindings on a cluster, with the Kafka protocol's own CreateAcls request.
+
+aiokafka's admin client has no ``create_acls`` (kafka-python's had); it does ship the
+protocol's ``CreateAclsRequest`` (v0-v1; Kafka 4 serves v1-v3), and the admin client sends
+any request through its private ``_send_request``. That private call is this module's only
+reliance on aiokafka internals; ``tests/unit/test_acl_admin.py`` pins it by name. The codes
+are Kafka's own enums (``org.apache.kafka.common.resource.ResourceType``, ``PatternType``,
+``org.apache.kafka.common.acl.AclOperation``, ``AclPermissionType``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError, for_code
+from aiokafka.protocol.admin import CreateAclsRequest
+
+from pipeline.errors import EndpointUnreachable, PipelineError
+from pipeline.kafka.clients import check_connection
+from pipeline.settings import KafkaSettings
+
+RESOURCE_TYPE = {"topic": 2, "group": 3}
+PATTERN_TYPE = {"literal": 3, "prefix": 4}
+OPERATION = {"Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Describe": 8}
+ALLOW = 3
+ANY_HOST = "*"
+
+
+class AclBinding(NamedTuple):
+    """One ALLOW binding from any host: ``principal`` may do ``operation`` on the resource."""
+
+    principal: str
+    resource_type: str
+    """``topic`` or ``group``."""
+    name: str
+    pattern: str
+    """``literal``, or ``prefix``: every resource whose name starts with ``name``."""
+    operation: str
+    """Kafka's name: ``Read``, ``Write``, ``Create``, ``Delete``, ``Describe``."""
+
+
+class AclsRefused(PipelineError):
+    """The cluster refused to create a binding (most often: the caller is not allowed to alter ACLs)."""
+
+
+async def create_acls(settings: KafkaSettings, bindings: Sequence[AclBinding]) -> int:
+    """Create every binding; returns how many were created.
+
+    Creating a binding that exists already succeeds, so applying twice is harmless."""
+    await check_connection(settings)
+    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
+    try:
+        await admin.start()
+    except KafkaError as exc:
+        raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+    try:
+        for binding in bindings:
+            request = CreateAclsRequest(
+                RESOURCE_TYPE[binding.resource_type],
+                binding.name,
+                PATTERN_TYPE[binding.pattern],
+                binding.principal,
+                ANY_HOST,
+                OPERATION[binding.operation],
+                ALLOW,
+            )
+            response = await admin._send_request(request)
+            for error_code, message in response.creation_responses:
+                if error_code:
+                    raise AclsRefused(
+                        f"the broker refused to allow {binding.principal} {binding.operation} on "
+                        f"{binding.resource_type} {binding.name!r}: {for_code(error_code).__name__} {message or ''}".rstrip()
+                    )
+    finally:
+        await admin.close()
+    return len(bindings)
