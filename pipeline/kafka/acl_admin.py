@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError, for_code
+from aiokafka.errors import for_code
 from aiokafka.protocol.admin import CreateAclsRequest
 
-from pipeline.errors import EndpointUnreachable, PipelineError
-from pipeline.kafka.clients import check_connection
+from pipeline.errors import PipelineError
+from pipeline.kafka.clients import admin_client
 from pipeline.settings import KafkaSettings
 
 RESOURCE_TYPE = {"topic": 2, "group": 3}
@@ -49,13 +48,7 @@ async def create_acls(settings: KafkaSettings, bindings: Sequence[AclBinding]) -
     """Create every binding; returns how many were created.
 
     Creating a binding that exists already succeeds, so applying twice is harmless."""
-    await check_connection(settings)
-    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
-    try:
-        await admin.start()
-    except KafkaError as exc:
-        raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
-    try:
+    async with admin_client(settings) as admin:
         for binding in bindings:
             request = CreateAclsRequest(
                 RESOURCE_TYPE[binding.resource_type],
@@ -73,6 +66,4 @@ async def create_acls(settings: KafkaSettings, bindings: Sequence[AclBinding]) -
                         f"the broker refused to allow {binding.principal} {binding.operation} on "
                         f"{binding.resource_type} {binding.name!r}: {for_code(error_code).__name__} {message or ''}".rstrip()
                     )
-    finally:
-        await admin.close()
     return len(bindings)

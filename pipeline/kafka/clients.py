@@ -11,10 +11,11 @@ not, and the log says so once. ``PIPELINE_KAFKA_IDEMPOTENCE=true|false`` decides
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Collection, Iterable
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,12 +135,8 @@ async def refuse_unauthorized(settings: KafkaSettings, topics: Collection[str], 
     exist, so a tool that found none asks (error 29 in a metadata answer) before saying so."""
     if not topics:
         return
-    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
-    await admin.start()
-    try:
+    async with admin_client(settings) as admin:
         described = await admin.describe_topics(list(topics))
-    finally:
-        await admin.close()
     refused = {t["topic"] for t in described if t["error_code"] == _TOPIC_AUTHORIZATION_FAILED}
     if refused:
         raise access_denied(TopicAuthorizationFailedError(refused), settings, refused, what)
@@ -275,13 +272,7 @@ async def ensure_topics(
     ``configs``: more topic settings for every topic (a client's reply topic: its
     ``retention.ms``). Existing topics are left as they are.
     """
-    await check_connection(settings)
-    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
-    try:
-        await admin.start()
-    except KafkaConnectionError as exc:
-        raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
-    try:
+    async with admin_client(settings) as admin:
         existing = set(await admin.list_topics())
         wanted = [t for t in dict.fromkeys(topics) if t not in existing]
         if not wanted:
@@ -310,6 +301,20 @@ async def ensure_topics(
         except KafkaError as exc:
             raise EndpointUnreachable(f"cannot create topics {wanted}: {exc}") from exc
         return _created(response, wanted)
+
+
+@contextlib.asynccontextmanager
+async def admin_client(settings: KafkaSettings) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client, closed on exit; a broker that cannot be reached, or refuses
+    the TLS handshake or the login, is one line (:class:`EndpointUnreachable`)."""
+    await check_connection(settings)
+    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=15_000)
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    try:
+        yield admin
     finally:
         await admin.close()
 

@@ -139,6 +139,11 @@ def test_a_client_cannot_read_another_clients_reply_topic(secured: Secured, cli_
     secured.outputs.extend([result.stdout, result.stderr])
     line = assert_one_line_error(result, alice_topic)
     assert "not authorized" in line and "Read" in line, line
+    # nor change the ACLs: only the admin may
+    grab = run_cli(bob, "deploy", "acls", str(secured.first.path), "--client", "bob", "--apply")
+    secured.outputs.extend([grab.stdout, grab.stderr])
+    line = assert_one_line_error(grab, "the broker refused to allow User:")
+    assert "ClusterAuthorizationFailedError" in line, line
     # and alice reads her own
     own = run_cli(_env(cli_env, secured.kafka, "alice"), "consume", "--topic", alice_topic, "--timeout", "2")
     secured.outputs.extend([own.stdout, own.stderr])

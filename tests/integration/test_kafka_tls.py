@@ -10,9 +10,9 @@ S3: moto's own HTTPS listener with a certificate from a CA made here; the `minio
 client path (`pipeline models push` / `list`) verifies it against
 ``PIPELINE_S3_CA_FILE`` and refuses another CA in one line.
 
-Triton over TLS is covered by ``test_triton_tls.py``; SASL is not testable against
-this Tansu build (see ``tests/unit/test_kafka_security_settings.py`` for why, and
-for the settings' pass-through to aiokafka).
+Triton over TLS is covered by ``test_triton_tls.py``. Tansu has no TLS of its own and no
+SASL users, hence stunnel here; Apache Kafka's native TLS, SASL/SCRAM, mutual TLS and ACLs
+are tested without stunnel in ``test_kafka_acls.py``.
 """
 
 from __future__ import annotations
