@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.stateless.batching import DynamicBatcher
+from workers.stateless.tenancy.fair_batcher import FairBatcher
 
 
 def test_releases_when_rows_reach_max() -> None:
@@ -75,7 +76,7 @@ def test_with_pick_a_free_slot_takes_one_call_of_max_rows() -> None:
         picked.append(len(items))
         return list(range(max_rows))
 
-    batcher: DynamicBatcher[str] = DynamicBatcher(max_rows=2, max_delay_s=10, pick=pick, capacity=lambda: 0)
+    batcher: FairBatcher[str] = FairBatcher(max_rows=2, max_delay_s=10, pick=pick, capacity=lambda: 0)
     for i, item in enumerate("abc"):
         assert batcher.add("k", item, rows=1, now=float(i)) == [], "no capacity: nothing goes by itself"
     [call] = batcher.take_for_free_calls(1)

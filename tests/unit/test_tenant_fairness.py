@@ -19,8 +19,16 @@ from pipeline.runtime.tenant_settings import tenancy_settings
 from pipeline.topology import load_topology
 from pipeline.topology.model import StatelessStageConfig
 from workers.stateless.batching import DynamicBatcher
+from workers.stateless.tenancy.fair_batcher import FairBatcher
 from workers.stateless.tenancy.fair_share import fair_pick
-from workers.stateless.tenancy.gate import DELAY_COUNT, DELAY_UNTIL, StageHooks, TenancySettings, TenantGate
+from workers.stateless.tenancy.gate import (
+    DELAY_COUNT,
+    DELAY_UNTIL,
+    StageHooks,
+    TenancySettings,
+    TenantGate,
+    stage_batcher,
+)
 from workers.stateless.tenancy.quotas import OTHER, QuotaSpec, TenantLabels, TenantQuotas
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +106,7 @@ def test_fair_pick_always_sends_the_oldest_and_fills_what_is_left() -> None:
 
 def test_pick_mode_holds_groups_until_a_call_can_start_then_shares() -> None:
     room = [0]
-    batcher: DynamicBatcher[str] = DynamicBatcher(
+    batcher: FairBatcher[str] = FairBatcher(
         4, 0.005, pick=lambda items, rows: fair_pick([(i[0], 1) for i in items], rows), capacity=lambda: room[0]
     )
     for i in range(6):
@@ -114,15 +122,22 @@ def test_pick_mode_holds_groups_until_a_call_can_start_then_shares() -> None:
 
 
 def test_pick_mode_drains_in_calls_of_max_rows() -> None:
-    batcher: DynamicBatcher[int] = DynamicBatcher(2, 1.0, pick=lambda items, rows: [0, 1], capacity=lambda: 0)
+    batcher: FairBatcher[int] = FairBatcher(2, 1.0, pick=lambda items, rows: [0, 1], capacity=lambda: 0)
     for i in range(5):
         batcher.add("k", i, rows=1, now=0)
     assert [b.items for b in batcher.drain()] == [[0, 1], [2, 3], [4]]
 
 
-def test_pick_needs_capacity() -> None:
-    with pytest.raises(ValueError, match="together"):
-        DynamicBatcher(2, 1.0, pick=lambda items, rows: [0])
+def test_only_a_stage_with_fair_batches_gets_the_fair_batcher() -> None:
+    """The plain batcher has no pick mode (no fairness check per record without tenants)."""
+    @dataclass
+    class Batching:
+        max_queue_delay_s: float = 0.005
+        max_batch_bytes: int | None = None
+        max_inflight_batches: int = 2
+
+    assert type(stage_batcher(4, Batching(), [], fair=False)) is DynamicBatcher
+    assert type(stage_batcher(4, Batching(), [], fair=True)) is FairBatcher
 
 
 # --------------------------------------------------------------------------- the gate

@@ -12,11 +12,9 @@ request has waited ``max_delay_s``, or, at once, when a call slot is free and th
 has nothing more on hand (:meth:`DynamicBatcher.take_for_free_calls`): below saturation the
 batcher adds no wait, and batches form only while every call is busy.
 
-With a ``pick`` hook (tenant fairness, :mod:`workers.stateless.tenancy.fair_share`) a group is
-released only while the stage has an in-flight slot free (``capacity``): until then it
-keeps growing past ``max_rows``, and when a call can start, ``pick`` chooses which of its
-requests go (the rest stay, first in line for the next call). Batches then form when
-Triton can take them, from everyone waiting, instead of queueing pre-formed in arrival order.
+Tenant fairness has a batcher of its own beside this one,
+:class:`workers.stateless.tenancy.fair_batcher.FairBatcher`, built only for a stage with
+fair batches: the plain batcher's per-record path holds no fairness check.
 
 No I/O here: the stage decides what to do with a released batch.
 """
@@ -24,7 +22,7 @@ No I/O here: the stage decides what to do with a released batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -53,34 +51,19 @@ class Batch(Generic[T]):
         self.elements += elements
 
 
-Pick = Callable[[list[T], int], list[int]]
-"""(waiting items, max_rows) -> indexes of the items that go now (the first always does)."""
-
-
 class DynamicBatcher(Generic[T]):
     """Open groups by key; :meth:`add` and :meth:`due` return the batches to send now."""
 
     def __init__(
-        self,
-        max_rows: int,
-        max_delay_s: float,
-        max_bytes: int | None = None,
-        max_elements: int | None = None,
-        *,
-        pick: Pick[T] | None = None,
-        capacity: Callable[[], int] | None = None,
+        self, max_rows: int, max_delay_s: float, max_bytes: int | None = None, max_elements: int | None = None
     ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
-        if (pick is None) != (capacity is None):
-            raise ValueError("pick and capacity go together")
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self.max_bytes = max_bytes
         self.max_elements = max_elements
         self._open: dict[Hashable, Batch[T]] = {}
-        self._pick = pick
-        self._capacity = capacity
 
     def add(
         self, key: Hashable, item: T, rows: int, now: float | None = None, size: int = 0, elements: int = 0
@@ -89,9 +72,6 @@ class DynamicBatcher(Generic[T]):
         batches released by this addition. An item over ``max_bytes`` or ``max_elements`` on its
         own still goes, alone."""
         now = time.monotonic() if now is None else now
-        if self._pick is not None:
-            self._open.setdefault(key, Batch(key=key, opened_at=now)).put(item, rows, size, elements)
-            return self._release_picked(now)
         released: list[Batch[T]] = []
         group = self._open.get(key)
         if group is not None and (
@@ -113,85 +93,31 @@ class DynamicBatcher(Generic[T]):
         )
 
     def due(self, now: float | None = None) -> list[Batch[T]]:
-        """Groups whose oldest request has waited ``max_delay_s`` (``pick``: or that are full,
-        as many as the stage has room for)."""
+        """Groups whose oldest request has waited ``max_delay_s``."""
         now = time.monotonic() if now is None else now
-        if self._pick is not None:
-            return self._release_picked(now)
         ready = [k for k, g in self._open.items() if now - g.opened_at >= self.max_delay_s]
         return [self._open.pop(k) for k in ready]
 
     def take_for_free_calls(self, room: int) -> list[Batch[T]]:
         """Work conserving: ``room`` calls are free and the stage holds nothing more (it has
         handled all it fetched), so waiting for a group to fill would only add latency. The
-        oldest groups go now, one call each, up to ``room`` (``pick``: ``max_rows`` of them
-        chosen by it). Triton's own dynamic batcher starts a free instance the same way;
-        batches still form, up to ``max_rows``, while every call is busy."""
+        oldest groups go now, one call each, up to ``room``. Triton's own dynamic batcher
+        starts a free instance the same way; batches still form, up to ``max_rows``, while
+        every call is busy."""
         released: list[Batch[T]] = []
         while self._open and len(released) < room:
             oldest = min(self._open.values(), key=lambda g: g.opened_at)
-            released.append(self._take(oldest) if self._pick is not None else self._open.pop(oldest.key))
+            released.append(self._open.pop(oldest.key))
         return released
 
     def next_due(self) -> float | None:
-        """Monotonic time at which the next group becomes due, if any is open (``pick``: and
-        a call can start; else None, and the stage calls :meth:`due` when a call ends)."""
-        if not self._open or (self._capacity is not None and self._capacity() <= 0):
+        """Monotonic time at which the next group becomes due, if any is open."""
+        if not self._open:
             return None
         return min(g.opened_at for g in self._open.values()) + self.max_delay_s
 
-    def _ready(self, group: Batch[T], now: float) -> bool:
-        return group.rows >= self.max_rows or self._over(group.size, group.elements) or now - group.opened_at >= self.max_delay_s
-
-    def _release_picked(self, now: float) -> list[Batch[T]]:
-        """``pick`` mode: the oldest ready groups, one call each, while the stage has room."""
-        assert self._pick is not None and self._capacity is not None
-        released: list[Batch[T]] = []
-        room = self._capacity()
-        while room > len(released):
-            ready = [g for g in self._open.values() if self._ready(g, now)]
-            if not ready:
-                break
-            released.append(self._take(min(ready, key=lambda g: g.opened_at)))
-        return released
-
-    def _take(self, group: Batch[T]) -> Batch[T]:
-        """One call's worth of ``group``, chosen by ``pick`` (within ``max_bytes``); the rest
-        stays open, keeping its age, so it is first in line."""
-        assert self._pick is not None
-        chosen = set(self._pick(group.items, self.max_rows)) if group.rows > self.max_rows else set(range(len(group.items)))
-        batch: Batch[T] = Batch(key=group.key, opened_at=group.opened_at)
-        for index in sorted(chosen):
-            size, elements = group.item_sizes[index], group.item_elements[index]
-            if batch.items and self._over(batch.size + size, batch.elements + elements):
-                chosen.discard(index)
-            else:
-                batch.put(group.items[index], group.item_rows[index], size, elements)
-        keep = [i for i in range(len(group.items)) if i not in chosen]
-        rest: Batch[T] = Batch(
-            key=group.key,
-            opened_at=group.opened_at,
-            items=[group.items[i] for i in keep],
-            rows=group.rows - batch.rows,
-            size=group.size - batch.size,
-            elements=group.elements - batch.elements,
-            item_rows=[group.item_rows[i] for i in keep],
-            item_sizes=[group.item_sizes[i] for i in keep],
-            item_elements=[group.item_elements[i] for i in keep],
-        )
-        if rest.items:
-            self._open[group.key] = rest
-        else:
-            del self._open[group.key]
-        return batch
-
     def drain(self) -> list[Batch[T]]:
-        """Release every open group (shutdown, rebalance); ``pick``: in calls of ``max_rows``."""
-        if self._pick is not None:
-            taken = []
-            while self._open:
-                taken.append(self._take(next(iter(self._open.values()))))
-            return taken
+        """Release every open group (shutdown, rebalance)."""
         batches = list(self._open.values())
         self._open.clear()
         return batches

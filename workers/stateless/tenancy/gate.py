@@ -34,7 +34,8 @@ from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.observability.metrics import PipelineMetrics
-from workers.stateless.batching import DynamicBatcher, Pick
+from workers.stateless.batching import DynamicBatcher
+from workers.stateless.tenancy.fair_batcher import FairBatcher, Pick
 from workers.stateless.tenancy.fair_share import fair_pick
 from workers.stateless.tenancy.quotas import QuotaSpec, TenantLabels, TenantQuotas
 
@@ -232,7 +233,7 @@ def stage_batcher(
     if not fair:
         return DynamicBatcher(max_rows, settings.max_queue_delay_s, settings.max_batch_bytes, max_elements)
     pick: Pick[ItemT] = fair_pick_of(_tenant, _rows)
-    return DynamicBatcher(
+    return FairBatcher(
         max_rows,
         settings.max_queue_delay_s,
         settings.max_batch_bytes,
