@@ -58,10 +58,9 @@ install_kafka() {
 
 # libpython3.11: embedded by Triton's Python-backend stub.
 # espeak-ng: speech for the VAD tests and the audio demo. kcat: a third-party Kafka client.
-# stunnel4 + openssl: TLS in front of the embedded broker and S3 store for the transport-security tests.
 # docker-compose: validates docker-compose.yaml offline (no engine is needed or started).
 # prometheus: a real Prometheus server and promtool (alert rules checked and unit-tested, a real scrape).
-apt_packages=(libpython3.11 espeak-ng kcat stunnel4 openssl docker-compose prometheus)
+apt_packages=(libpython3.11 espeak-ng kcat docker-compose prometheus)
 missing=()
 for pkg in "${apt_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -20,6 +20,7 @@ import functools
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.embedded.kafka_security import BrokerSecurity
+from pipeline.embedded.kafka_security import SCRAM_MECHANISM, SUPER_USER, BrokerSecurity
 from pipeline.embedded.process import ServiceStartError, SupervisedProcess, die_with_parent, free_ports, port_open
 from pipeline.errors import PipelineError
 
@@ -122,7 +123,8 @@ def server_properties(
     node: KafkaNode, cluster: Sequence[KafkaNode], security: Mapping[str, str] | None = None
 ) -> str:
     """``server.properties`` for ``node`` in ``cluster`` (every node, ``node`` included);
-    ``security`` (:meth:`BrokerSecurity.server_settings`) makes the client listener ``SASL_SSL``.
+    ``security`` (:meth:`BrokerSecurity.server_settings`) makes the client listener ``SASL_SSL``
+    (or ``SSL``, TLS alone).
 
     Internal topics get the cluster's size as replication factor (at most 3) so a single
     node works at all and three nodes survive the loss of one; the transaction log's
@@ -140,7 +142,7 @@ def server_properties(
     if node not in cluster:
         raise ValueError(f"node {node.node_id} is not in the cluster")
     replicas = min(len(cluster), 3)
-    listener = "SASL_SSL" if security else "PLAINTEXT"
+    listener = (security or {}).get("inter.broker.listener.name", "PLAINTEXT")  # SASL_SSL or SSL when secured
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node.node_id),
@@ -309,16 +311,16 @@ class ApacheKafka:
         """aiokafka keyword arguments that log in as the super user (none without security)."""
         if self.security is None:
             return {}
-        import ssl
-
         context = ssl.create_default_context(cafile=str(self.security.tls.ca_cert))
         if self.security.admin_certificate is not None:
             context.load_cert_chain(*map(str, self.security.admin_certificate))
+        if not self.security.sasl:
+            return {"security_protocol": "SSL", "ssl_context": context}
         return {
             "security_protocol": "SASL_SSL",
             "ssl_context": context,
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_plain_username": "admin",
+            "sasl_mechanism": SCRAM_MECHANISM,
+            "sasl_plain_username": SUPER_USER,
             "sasl_plain_password": self.security.admin_password.get_secret_value(),
         }
 

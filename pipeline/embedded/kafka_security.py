@@ -4,7 +4,8 @@ What a production cluster does, on loopback, so that least privilege is tested a
 and not only in the manifests (:mod:`pipeline.deploy.kafka_acls`):
 
 - the client listener is ``SASL_SSL`` with ``SCRAM-SHA-512``; ``mutual_tls`` also demands a
-  client certificate signed by ``TlsFiles.client_ca_cert``;
+  client certificate signed by ``TlsFiles.client_ca_cert``; ``sasl=False`` makes it a plain
+  ``SSL`` listener with no users and no authorizer (TLS alone, what the transport tests need);
 - ``StandardAuthorizer`` (KRaft's own) enforces ACLs, ``allow.everyone.if.no.acl.found=false``:
   a principal may do only what an ACL grants it; ``admin`` is the one super user;
 - SCRAM credentials live in the cluster metadata, so the users exist from the first start:
@@ -53,6 +54,8 @@ class BrokerSecurity:
     """Demand a client certificate signed by ``tls.client_ca_cert`` besides the password."""
     admin_certificate: tuple[Path, Path] | None = None
     """With mutual TLS: the admin's certificate and key (PEM), which the stack's own probes present."""
+    sasl: bool = True
+    """False: TLS alone, an ``SSL`` listener without users or ACLs."""
 
     def __post_init__(self) -> None:
         if self.tls.ca_cert is None:
@@ -61,6 +64,8 @@ class BrokerSecurity:
             raise ValueError(
                 "mutual TLS needs tls.client_ca_cert (the CA of client certificates) and an admin_certificate"
             )
+        if not self.sasl and self.users:
+            raise ValueError("users need sasl=True")
         if SUPER_USER in self.users:
             raise ValueError(f"{SUPER_USER!r} is the super user; choose another name")
 
@@ -69,8 +74,15 @@ class BrokerSecurity:
         """Every SCRAM user, ``admin`` first."""
         return {SUPER_USER: self.admin_password, **self.users}
 
+    @property
+    def listener(self) -> str:
+        """The client (and inter-broker) listener's name and protocol."""
+        return "SASL_SSL" if self.sasl else "SSL"
+
     def format_arguments(self) -> list[str]:
         """``--add-scram`` arguments for ``kafka-storage format`` (one per user)."""
+        if not self.sasl:
+            return []
         found = []
         for name, password in self.credentials.items():
             found += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password.get_secret_value()}]"]
@@ -80,12 +92,10 @@ class BrokerSecurity:
         """Listener, TLS, SASL and authorizer settings of a node; ``keystore`` and ``truststore``
         hold :meth:`keystore_pem` and :meth:`truststore_pem`."""
         admin = _jaas_quote(self.admin_password.get_secret_value())
-        return {
-            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT",
-            "inter.broker.listener.name": "SASL_SSL",
-            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
-            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
-            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": f"{_SCRAM_LOGIN} required username={_jaas_quote(SUPER_USER)} password={admin};",
+        listener = self.listener
+        settings = {
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:SASL_PLAINTEXT",
+            "inter.broker.listener.name": listener,
             "sasl.mechanism.controller.protocol": "PLAIN",
             "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
             "listener.name.controller.plain.sasl.jaas.config": f"{_PLAIN_LOGIN} required username={_jaas_quote(SUPER_USER)} password={admin} user_{SUPER_USER}={admin};",
@@ -94,7 +104,15 @@ class BrokerSecurity:
             "ssl.truststore.type": "PEM",
             "ssl.truststore.location": str(truststore),
             # on a SASL_SSL listener only the listener's own setting counts (KIP-684)
-            "listener.name.sasl_ssl.ssl.client.auth": "required" if self.mutual_tls else "none",
+            f"listener.name.{listener.lower()}.ssl.client.auth": "required" if self.mutual_tls else "none",
+        }
+        if not self.sasl:
+            return settings
+        return {
+            **settings,
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": f"{_SCRAM_LOGIN} required username={_jaas_quote(SUPER_USER)} password={admin};",
             "authorizer.class.name": AUTHORIZER,
             "super.users": f"User:{SUPER_USER}",
             "allow.everyone.if.no.acl.found": "false",

@@ -393,8 +393,8 @@ async def login_failure(settings: KafkaSettings) -> str | None:
     the user or the certificate and the broker's reason; the reason never holds the password.
     A certificate the broker refuses is only known after the handshake (TLS 1.3 sends the
     alert with the first answer), so the handshake probe alone does not see it."""
-    if settings.security_protocol == "PLAINTEXT":
-        return None
+    if settings.security_protocol == "PLAINTEXT" or settings.sasl_mechanism == "OAUTHBEARER":
+        return None  # OAUTHBEARER: no token provider is wired in, the client's own start says why
     login = {key: value for key, value in settings.client_kwargs().items() if key in _LOGIN_KEYS}
     for host, port, _ in collect_hosts(settings.bootstrap_servers, randomize=False):
         try:

@@ -1,8 +1,12 @@
-"""An embedded Apache Kafka that authenticates (SASL/SCRAM-SHA-512 over TLS) and enforces ACLs.
+"""An embedded Apache Kafka that authenticates (SASL/SCRAM-SHA-512 over TLS) and enforces ACLs,
+or one that speaks TLS alone.
 
 The broker is :class:`pipeline.embedded.kafka_broker.ApacheKafka` with a
 :class:`pipeline.embedded.kafka_security.BrokerSecurity`; this helper makes its certificates,
-its users' passwords (random, never literals) and the client settings of each user.
+its users' passwords (random, never literals) and the client settings of each user. Its own
+TLS listener replaced stunnel in front of Tansu (which has no TLS of its own) for the
+transport tests: every connection a client makes, not only the first, is TLS with
+certificate verification, since the broker advertises that listener only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pydantic import SecretStr
 
 from pipeline.embedded.kafka_broker import ApacheKafka
 from pipeline.embedded.kafka_security import SCRAM_MECHANISM, SUPER_USER, BrokerSecurity
+from pipeline.embedded.services import TlsFiles
 from pipeline.settings import KafkaSettings
 from tests.helpers.tls_certs import issue, make_ca, server_tls_files, write_cert, write_key
 
@@ -79,6 +84,54 @@ class SecureKafka:
         }
 
 
+@dataclass(frozen=True)
+class TlsKafka:
+    """Where the TLS-only broker is, and the CA its certificate chains to."""
+
+    bootstrap: str
+    tls: TlsFiles
+
+    def settings(self, cafile: Path | None) -> KafkaSettings:
+        """Client settings over TLS verifying against ``cafile`` (explicit: no environment)."""
+        return KafkaSettings(
+            bootstrap_servers=self.bootstrap,
+            security_protocol="SSL",
+            ssl_cafile=str(cafile) if cafile is not None else None,
+            ssl_certfile=None,
+            ssl_keyfile=None,
+        )
+
+    def environment(self, cafile: Path | None) -> dict[str, str]:
+        """The ``PIPELINE_KAFKA_*`` variables a `pipeline` process needs to reach it."""
+        settings = self.settings(cafile)
+        return {"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, **settings.security_environment()}
+
+
+@contextlib.contextmanager
+def tls_kafka(work_dir: Path) -> Iterator[TlsKafka]:
+    """A one-node Apache Kafka whose only client listener is TLS (no SASL, no ACLs)."""
+    tls = server_tls_files(work_dir / "pki")
+    broker = ApacheKafka(work_dir / "logs", 1, security=BrokerSecurity(tls=tls, sasl=False))
+    with _running(broker):
+        yield TlsKafka(broker.bootstrap_servers, tls)
+
+
+@contextlib.contextmanager
+def _running(broker: ApacheKafka) -> Iterator[None]:
+    broker.prepare()
+    processes = broker.processes()
+    try:
+        for process in processes:
+            process.start()
+        broker.wait_ready()
+        yield
+    finally:
+        broker.terminate()
+        for process in processes:
+            process.stop()
+        broker.cleanup()
+
+
 def other_ca(directory: Path) -> Path:
     """A CA certificate that signed nothing the broker presents."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -119,15 +172,5 @@ def secure_kafka(
         admin_certificate=clients.issued[SUPER_USER] if clients else None,
     )
     broker = ApacheKafka(work_dir / "logs", 1, security=security)
-    broker.prepare()
-    processes = broker.processes()
-    try:
-        for process in processes:
-            process.start()
-        broker.wait_ready()
+    with _running(broker):
         yield SecureKafka(broker, security)
-    finally:
-        broker.terminate()
-        for process in processes:
-            process.stop()
-        broker.cleanup()

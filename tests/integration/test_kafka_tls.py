@@ -1,18 +1,18 @@
 """Transport security against real servers: Kafka over TLS, the S3 model store over HTTPS.
 
-Kafka: a Tansu broker of this module's own, reachable only through stunnel's TLS
-port (``tests/helpers/stunnel.py``; it advertises that port, so every connection
-after bootstrap is TLS too). With the CA that signed stunnel's certificate, `pipeline
-run` serves a topology end to end; with an unrelated CA, `pipeline run`, `produce`
-and `consume` exit 1 with one line naming the certificate failure.
+Kafka: an Apache Kafka of this module's own whose only client listener is TLS
+(``tests/helpers/secure_kafka.py``: ``BrokerSecurity(sasl=False)``; it advertises that
+listener only, so every connection after bootstrap is TLS too). With the CA that signed its
+certificate, `pipeline run` serves a topology end to end; with an unrelated CA, `pipeline
+run`, `produce` and `consume` exit 1 with one line naming the certificate failure.
 
 S3: moto's own HTTPS listener with a certificate from a CA made here; the `minio`
 client path (`pipeline models push` / `list`) verifies it against
 ``PIPELINE_S3_CA_FILE`` and refuses another CA in one line.
 
-Triton over TLS is covered by ``test_triton_tls.py``. Tansu has no TLS of its own and no
-SASL users, hence stunnel here; Apache Kafka's native TLS, SASL/SCRAM, mutual TLS and ACLs
-are tested without stunnel in ``test_kafka_acls.py``.
+Triton over TLS is covered by ``test_triton_tls.py``; SASL/SCRAM, mutual TLS and ACLs on the
+same broker by ``test_kafka_acls.py``. (Tansu has no TLS of its own; these tests once put
+stunnel in front of it.)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pipeline.settings import Endpoints, S3Settings
 from tests.helpers.cli import assert_one_line_error, ok, run_cli
 from tests.helpers.dense_reference import mlp_reference, random_features
 from tests.helpers.kafka_io import collect, header, produce
-from tests.helpers.stunnel import TlsKafka, tls_kafka
+from tests.helpers.secure_kafka import TlsKafka, tls_kafka
 from tests.helpers.tls_certs import make_ca, server_tls_files, write_cert
 from tests.helpers.topology_process import pipeline_process, write_topology
 

@@ -48,6 +48,7 @@ class StreamHandle:
     key: bytes
     live_in_triton: bool = False  # Triton holds this stream's state right now
     replica: str | None = None  # the Triton replica its calls go to (it holds the state)
+    sequence_id: int = 0  # its Triton correlation ID for this worker (0: not computed yet)
 
 
 class SequenceChannel:
@@ -116,6 +117,8 @@ class SequenceModel:
         self.call_timeout_s = call_timeout_s
         """Client deadline of one frame's call: a hung Triton times out and is classified an outage."""
         self.description: ModelDescription | None = None
+        self._outputs: list[str] = []
+        self._requested: list[InferRequestedOutput] = []
         self.model_input = ""
         self.frame_size = 0
         self.replicas: ReplicaSet[SequenceChannel] = ReplicaSet(
@@ -164,6 +167,8 @@ class SequenceModel:
             d.input(state_input)
             d.output(state_output)
         self.description, self.model_input, self.frame_size = d, name, spec.shape[0]
+        self._outputs = [o.name for o in d.outputs]
+        self._requested = [InferRequestedOutput(o) for o in self._outputs]  # the same every frame: built once
         return d
 
     async def close(self) -> None:
@@ -196,7 +201,7 @@ class SequenceModel:
         (the stream has frames before this one). With tracing on, each call is a span,
         child of ``traced`` (the chunk's span). Raises :class:`GaveUp`."""
         assert self.description is not None
-        outputs = [InferRequestedOutput(o.name) for o in self.description.outputs]
+        outputs, names = self._requested, self._outputs
 
         async def attempt() -> dict[str, np.ndarray]:
             if self.admit is not None:
@@ -211,7 +216,8 @@ class SequenceModel:
             if start and resuming:
                 for state_input, state_output in self.state_map.items():
                     inputs.append(_tensor(state_input, resume_state[state_output]))
-            sid = sequence_id(stream.key, self.owner)
+            sid = stream.sequence_id or sequence_id(stream.key, self.owner)
+            stream.sequence_id = sid
             try:
                 async with self._slots:
                     with call_span(self._call_span, traced, attributes={"triton.sequence_id": sid}):
@@ -233,8 +239,7 @@ class SequenceModel:
                 stream.live_in_triton = False
                 raise
             stream.live_in_triton = not end
-            assert self.description is not None
-            return {o.name: response.as_numpy(o.name)[0] for o in self.description.outputs}
+            return {name: response.as_numpy(name)[0] for name in names}
 
         return await call_with_retry(
             attempt, self._classify, self.retry, label=f"model {self.model}", on_retry=on_retry
