@@ -130,6 +130,8 @@ def test_a_stage_under_another_stages_principal_is_refused_in_one_line(
         f"'{topo.input_topic}' (TopicAuthorizationFailedError); its ACLs: `pipeline deploy acls`"
     ), result.stderr
     assert result.stderr.count("not authorized: the broker refused") == 1
+    # it may not create the topics either, and says so once before it fails
+    assert result.stderr.count("not allowed to create or describe topics") == 1, result.stderr
 
 
 def test_a_client_cannot_read_another_clients_reply_topic(secured: Secured, cli_env: dict[str, str]) -> None:
@@ -201,7 +203,7 @@ def test_no_password_appears_in_any_output_or_log(secured: Secured, cli_env: dic
             worker.kill()
     secured.outputs.append(worker.log_path.read_text(errors="replace"))
     logs = [path.read_text(errors="replace") for path in sorted(secured.broker_logs.glob("*.log"))]
-    assert logs and len(secured.outputs) >= 10, "the check must have something to search"
+    assert len(logs) >= 2 and len(secured.outputs) >= 3, "the check must have something to search"
     text = "\n".join([*secured.outputs, *logs])
     for user in secured.kafka.security.credentials:
         assert secured.kafka.password(user) not in text, f"{user}'s password appears in an output or log"
