@@ -62,8 +62,20 @@ async def create_acls(settings: KafkaSettings, bindings: Sequence[AclBinding]) -
             response = await admin._send_request(request)
             for error_code, message in response.creation_responses:
                 if error_code:
-                    raise AclsRefused(
-                        f"the broker refused to allow {binding.principal} {binding.operation} on "
-                        f"{binding.resource_type} {binding.name!r}: {for_code(error_code).__name__} {message or ''}".rstrip()
-                    )
+                    raise AclsRefused(_refusal(binding, error_code, message))
     return len(bindings)
+
+
+_CLUSTER_AUTHORIZATION_FAILED = 31
+#: Past this, a broker's message is its internal request dump, not a reason for a person.
+_MESSAGE_CHARS = 160
+
+
+def _refusal(binding: AclBinding, error_code: int, message: str | None) -> str:
+    what = f"the broker refused to allow {binding.principal} {binding.operation} on {binding.resource_type} {binding.name!r}"
+    if error_code == _CLUSTER_AUTHORIZATION_FAILED:
+        return f"{what}: ClusterAuthorizationFailedError: only a principal with Alter on the cluster (an admin) may create ACLs"
+    reason = (message or "").strip()
+    return f"{what}: {for_code(error_code).__name__}" + (
+        f": {reason}" if reason and len(reason) <= _MESSAGE_CHARS else ""
+    )

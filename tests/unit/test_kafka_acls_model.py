@@ -27,7 +27,7 @@ from pipeline.embedded.kafka_broker import KafkaNode, _argfile, server_propertie
 from pipeline.embedded.kafka_security import AUTHORIZER, BrokerSecurity
 from pipeline.embedded.services import TlsFiles
 from pipeline.errors import ConfigError
-from pipeline.kafka.acl_admin import OPERATION, PATTERN_TYPE, RESOURCE_TYPE
+from pipeline.kafka.acl_admin import OPERATION, PATTERN_TYPE, RESOURCE_TYPE, AclBinding, _refusal
 from pipeline.kafka.clients import access_denied
 from pipeline.settings import KafkaSettings
 from pipeline.topology.loader import load_topology
@@ -209,3 +209,17 @@ def test_the_aiokafka_internals_the_acl_applier_relies_on_are_unchanged() -> Non
     # Kafka's enum codes (org.apache.kafka.common.acl.AclOperation, resource.ResourceType, PatternType)
     assert OPERATION == {"Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Describe": 8}
     assert RESOURCE_TYPE == {"topic": 2, "group": 3} and PATTERN_TYPE == {"literal": 3, "prefix": 4}
+
+
+def test_a_refused_acl_is_one_short_line() -> None:
+    """A broker's CLUSTER_AUTHORIZATION_FAILED message is its internal request dump: replaced."""
+    binding = AclBinding("User:bob", "topic", "t", "literal", "Read")
+    dump = "Request Request(processor=2, connectionId=..., listenerName=ListenerName(CONTROLLER), " * 3
+    assert _refusal(binding, 31, dump) == (
+        "the broker refused to allow User:bob Read on topic 't': ClusterAuthorizationFailedError: "
+        "only a principal with Alter on the cluster (an admin) may create ACLs"
+    )
+    assert _refusal(binding, 42, "invalid principal") == (
+        "the broker refused to allow User:bob Read on topic 't': InvalidRequestError: invalid principal"
+    )
+    assert _refusal(binding, 42, dump).endswith("InvalidRequestError")
