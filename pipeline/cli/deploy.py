@@ -98,6 +98,15 @@ def k8s(
             "which its workers log in as.",
         ),
     ] = False,
+    strimzi_client: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--strimzi-client",
+            metavar="NAME",
+            help="With --strimzi: a KafkaUser NAME for a request-reply client (write the requests, own reply "
+            "topic <result_topic>.reply.NAME; as `pipeline deploy acls --client`); repeatable.",
+        ),
+    ] = None,
     strimzi_tls: Annotated[
         bool,
         typer.Option(
@@ -138,6 +147,7 @@ def k8s(
     """
     # Every option named like a DeployOptions field is that field; the rest are assembled here.
     given = {k: v for k, v in locals().items() if k in {f.name for f in fields(DeployOptions)}}
+    given["strimzi_clients"] = tuple(strimzi_client or ())
     given["triton_node_selector"] = tuple(_label(text) for text in triton_node_selector or ())
     if triton_toleration:
         given["triton_tolerations"] = tuple(toleration(text) for text in triton_toleration)

@@ -23,7 +23,7 @@ from pipeline.deploy.keda import max_replicas, scaled_object
 from pipeline.deploy.kubernetes import TOPOLOGY_FILE, WORKER_ENV, unit_objects, worker_network_policy
 from pipeline.deploy.objects import DeployContext, Manifest
 from pipeline.deploy.options import GPU_TOLERATION, DeployOptions
-from pipeline.deploy.strimzi import kafka_topics, kafka_users
+from pipeline.deploy.strimzi import client_users, kafka_topics, kafka_users
 from pipeline.deploy.triton import triton_grpc_url, triton_objects
 from pipeline.deploy.units import run_units
 from pipeline.errors import ConfigError
@@ -131,6 +131,7 @@ def generate(topology_file: Path, options: DeployOptions) -> Bundle:
         objects += kafka_topics(ctx, options.strimzi_cluster)
         if options.strimzi_users:
             objects += kafka_users(ctx, options.strimzi_cluster)
+        objects += client_users(ctx, options.strimzi_cluster)
     _check_unique(objects)
     _check_user_secrets(objects, options)
     return Bundle(

@@ -146,6 +146,11 @@ class DeployOptions:
     topics and group only), and each unit's workers log in as it (the password from the
     Secret the User Operator writes). False: the workers' Kafka credentials, if any, come
     from ``secret``."""
+    strimzi_clients: tuple[str, ...] = ()
+    """With ``strimzi_cluster``: a ``KafkaUser`` per request-reply client named here, with a
+    client's ACLs only (:func:`pipeline.deploy.access.client_rules`: write the requests, own
+    the reply topic ``<result_topic>.reply.<name>``); the same rules `pipeline deploy acls
+    --client` creates."""
     strimzi_tls: bool = True
     """With ``strimzi_users``: the listener the users log in at has TLS (``SASL_SSL``, the
     cluster CA mounted from ``<cluster>-cluster-ca-cert``); False: ``SASL_PLAINTEXT``."""
@@ -186,6 +191,10 @@ class DeployOptions:
             (self.triton_queue_target_us >= 1, "--triton-queue-target-us must be 1 or more"),
             (min(self.stage_resources.gpus, self.triton_resources.gpus) >= 0, "GPU counts must be 0 or more"),
             (self.strimzi_cluster is not None or not self.strimzi_users, "--strimzi-users needs --strimzi CLUSTER"),
+            (self.strimzi_cluster is not None or not self.strimzi_clients, "--strimzi-client needs --strimzi CLUSTER"),
+            *((_DNS_LABEL.fullmatch(name) is not None,
+               f"--strimzi-client {name!r}: a KafkaUser's name (lower-case letters, digits, '-')")
+              for name in self.strimzi_clients),
             # `--strimzi --strimzi-users` takes the flag as the cluster's name: say so, not write it.
             (self.strimzi_cluster is None or _DNS_LABEL.fullmatch(self.strimzi_cluster) is not None,
              f"--strimzi {self.strimzi_cluster!r}: a Strimzi cluster's name (lower-case letters, digits, '-')"),

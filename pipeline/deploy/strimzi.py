@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.deploy.access import UnitAccess, acl_rules, unit_access
+from pipeline.deploy.access import AclRule, UnitAccess, acl_rules, client_rules, unit_access
 from pipeline.deploy.kafka_acls import unit_user
 from pipeline.deploy.objects import DeployContext, Manifest, metadata
 from pipeline.deploy.units import resource_name
@@ -96,27 +96,41 @@ def kafka_users(ctx: DeployContext, cluster: str) -> list[Manifest]:
 
 
 def kafka_user(ctx: DeployContext, access: UnitAccess, cluster: str) -> Manifest:
+    return _user(ctx, user_name(ctx, access.unit), acl_rules(access), cluster)
+
+
+def client_users(ctx: DeployContext, cluster: str) -> list[Manifest]:
+    """One KafkaUser per ``--strimzi-client NAME``: principal ``User:NAME``, a client's ACLs only."""
+    return [_user(ctx, name, client_rules(ctx.topology, name), cluster) for name in ctx.options.strimzi_clients]
+
+
+def _user(ctx: DeployContext, name: str, rules: list[AclRule], cluster: str) -> Manifest:
     labels = {**ctx.common_labels(), CLUSTER_LABEL: cluster}
     return {
         "apiVersion": API_VERSION,
         "kind": "KafkaUser",
-        "metadata": metadata(user_name(ctx, access.unit), labels),
+        "metadata": metadata(name, labels),
         "spec": {
             "authentication": {"type": AUTHENTICATION},
-            "authorization": {"type": "simple", "acls": acls(access)},
+            "authorization": {"type": "simple", "acls": simple_acls(rules)},
         },
     }
 
 
 def acls(access: UnitAccess) -> list[Manifest]:
     """The ``simple`` ACLs of ``access`` (:func:`pipeline.deploy.access.acl_rules`)."""
+    return simple_acls(acl_rules(access))
+
+
+def simple_acls(rules: list[AclRule]) -> list[Manifest]:
+    """Rules as Strimzi's ``simple`` authorization entries."""
     return [
         {
             "resource": {"type": rule.resource_type, "name": rule.name, "patternType": rule.pattern},
             "operations": list(rule.operations),
             "host": "*",
         }
-        for rule in acl_rules(access)
+        for rule in rules
     ]
 
 

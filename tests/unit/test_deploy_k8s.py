@@ -648,6 +648,31 @@ def test_a_stage_user_reads_its_own_input_and_not_another_stages_output() -> Non
         assert not allows(ensemble["classify"], "topic", other, "Read"), other
 
 
+def test_a_client_user_writes_requests_and_owns_only_its_reply_topic() -> None:
+    """`--strimzi-client alice`: the KafkaUser a request-reply client logs in as, with the same
+    rules `pipeline deploy acls --client alice` creates (checked against a real broker in
+    tests/integration/test_kafka_acls.py)."""
+    bundle = generate(REPO / "topologies" / "audio.yaml",
+                      DeployOptions(strimzi_cluster="prod", strimzi_clients=("alice", "bob")))
+    users = {m["metadata"]["name"]: m for m in bundle.objects if m["kind"] == "KafkaUser"}
+    assert set(users) == {"alice", "bob"}, "no stage users without --strimzi-users"
+    alice = users["alice"]
+    jsonschema.validate(alice, KAFKA_USER)
+    assert alice["metadata"]["labels"]["strimzi.io/cluster"] == "prod"
+    assert allows(alice, "topic", "audio.chunks", "Write")
+    assert allows(alice, "topic", "audio.results.reply.alice", "Read")
+    assert allows(alice, "topic", "audio.results.reply.alice", "Create")
+    assert not allows(alice, "topic", "audio.results.reply.bob", "Read")
+    assert not allows(alice, "topic", "audio.results.reply.bob", "Describe")
+    assert not allows(alice, "topic", "audio.results", "Read")
+    assert not allows(alice, "topic", "audio.dead-letters", "Read")
+    assert not allows(alice, "topic", "audio.chunks", "Read")
+    with pytest.raises(ConfigError, match="--strimzi-client needs --strimzi"):
+        DeployOptions(strimzi_clients=("alice",))
+    with pytest.raises(ConfigError, match="a KafkaUser's name"):
+        DeployOptions(strimzi_cluster="prod", strimzi_clients=("Alice_1",))
+
+
 def test_the_kafkauser_schema_refuses_what_strimzi_would_not_take() -> None:
     rule = {"resource": {"type": "topic", "name": "t", "patternType": "literal"}, "operations": ["Read"], "host": "*"}
 
