@@ -194,18 +194,27 @@ def acls(
             help="Create the ACLs on the cluster (-b, -X as an admin) instead of printing kafka-acls.sh commands.",
         ),
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Compare the cluster's ACLs of these principals with these (-b, -X as an admin): print each "
+            "missing and extra binding; exit 1 if any.",
+        ),
+    ] = False,
 ) -> None:
     """Least-privilege Kafka ACLs for each run unit (User:<topology>-<unit>) and each --client.
 
     Each unit may read its inputs and group, write its outputs, dead letters, metrics and
     state, and watch the units upstream of it; nothing else (docs/security.md). Printed as a
     shell script of kafka-acls.sh commands (it reads $BOOTSTRAP and $ADMIN_CONFIG), or, with
-    --apply, created through the admin API; creating an existing ACL is harmless.
+    --apply, created through the admin API; creating an existing ACL is harmless. --check
+    lists what the cluster grants these principals beyond them, or lacks of them.
     """
     import asyncio
 
     from pipeline.deploy.kafka_acls import kafka_acls_script, topology_grants
-    from pipeline.kafka.acl_admin import create_acls
+    from pipeline.kafka.acl_admin import create_acls, principal_acls
 
     target = load_target(topology_file)
     assert target.topology is not None
@@ -213,12 +222,26 @@ def acls(
         grants = topology_grants(target.topology, clients or ())
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if not apply_now:
+    if apply_now and check:
+        raise ConfigError("choose one of --apply and --check")
+    if not (apply_now or check):
         sys.stdout.write(kafka_acls_script(grants))
         return
     kafka = target.kafka()
     announce(endpoints_text(kafka=kafka, target=target))
     bindings = [binding for grant in grants for binding in grant.bindings()]
-    created = asyncio.run(create_acls(kafka, bindings))
-    principals = len({grant.principal for grant in grants})
-    console.print(f"created {created} ACL bindings for {principals} principals", highlight=False, soft_wrap=True)
+    principals = list(dict.fromkeys(grant.principal for grant in grants))
+    if apply_now:
+        created = asyncio.run(create_acls(kafka, bindings))
+        console.print(f"created {created} ACL bindings for {len(principals)} principals", highlight=False, soft_wrap=True)
+        return
+    found = asyncio.run(principal_acls(kafka, principals))
+    missing, extra = sorted(set(bindings) - found), sorted(found - set(bindings))
+    for label, listed in (("missing", missing), ("extra", extra)):
+        for b in listed:
+            console.print(f"{label}: {b.principal} {b.operation} on {b.resource_type} {b.name!r} ({b.pattern})",
+                          highlight=False, soft_wrap=True)
+    console.print(f"{len(bindings) - len(missing)} of {len(bindings)} ACL bindings present for {len(principals)} "
+                  f"principals; {len(missing)} missing, {len(extra)} extra", highlight=False, soft_wrap=True)
+    if missing or extra:
+        raise typer.Exit(1)

@@ -1,8 +1,10 @@
-"""Create ACL bindings on a cluster, with the Kafka protocol's own CreateAcls request.
+"""Create and list ACL bindings on a cluster, with the Kafka protocol's own CreateAcls and
+DescribeAcls requests.
 
-aiokafka's admin client has no ``create_acls`` (kafka-python's had); it does ship the
-protocol's ``CreateAclsRequest`` (v0-v1; Kafka 4 serves v1-v3), and the admin client sends
-any request through its private ``_send_request``. That private call is this module's only
+aiokafka's admin client has no ``create_acls`` or ``describe_acls`` (kafka-python's had); it
+does ship the protocol's ``CreateAclsRequest`` and ``DescribeAclsRequest`` (v0-v1 negotiated;
+Kafka 4 serves v1-v3), and the admin client sends any request through its private
+``_send_request``. That private call is this module's only
 reliance on aiokafka internals; ``tests/unit/test_kafka_acls_model.py`` pins it by name. The codes
 are Kafka's own enums (``org.apache.kafka.common.resource.ResourceType``, ``PatternType``,
 ``org.apache.kafka.common.acl.AclOperation``, ``AclPermissionType``).
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from aiokafka.errors import for_code
-from aiokafka.protocol.admin import CreateAclsRequest
+from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 
 from pipeline.errors import PipelineError
 from pipeline.kafka.clients import admin_client
@@ -24,6 +26,7 @@ RESOURCE_TYPE = {"topic": 2, "group": 3}
 PATTERN_TYPE = {"literal": 3, "prefix": 4}
 OPERATION = {"Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Describe": 8}
 ALLOW = 3
+ANY = 1
 ANY_HOST = "*"
 
 
@@ -64,6 +67,39 @@ async def create_acls(settings: KafkaSettings, bindings: Sequence[AclBinding]) -
                 if error_code:
                     raise AclsRefused(_refusal(binding, error_code, message))
     return len(bindings)
+
+
+async def principal_acls(settings: KafkaSettings, principals: Sequence[str]) -> set[AclBinding]:
+    """Every binding the cluster holds for ``principals`` (one DescribeAcls each: any
+    resource, pattern, operation, host and permission). One that is not an ALLOW from any
+    host, as :func:`create_acls` makes them, comes back with its principal marked
+    ``(host, permission code)``, so it never equals an expected binding."""
+    resource_types = {code: name for name, code in RESOURCE_TYPE.items()}
+    patterns = {code: name for name, code in PATTERN_TYPE.items()}
+    operations = {code: name for name, code in OPERATION.items()}
+    found: set[AclBinding] = set()
+    async with admin_client(settings) as admin:
+        for principal in principals:
+            request = DescribeAclsRequest(ANY, None, ANY, principal, None, ANY, ANY)
+            response = await admin._send_request(request)
+            if response.error_code:
+                raise AclsRefused(
+                    f"the broker refused to list the ACLs of {principal}: {for_code(response.error_code).__name__}"
+                )
+            for resource_type, name, pattern, acls in response.resources:
+                for acl_principal, host, operation, permission in acls:
+                    found.add(
+                        AclBinding(
+                            acl_principal
+                            if host == ANY_HOST and permission == ALLOW
+                            else f"{acl_principal} ({host}, {permission})",
+                            resource_types.get(resource_type, str(resource_type)),
+                            name,
+                            patterns.get(pattern, str(pattern)),
+                            operations.get(operation, str(operation)),
+                        )
+                    )
+    return found
 
 
 _CLUSTER_AUTHORIZATION_FAILED = 31

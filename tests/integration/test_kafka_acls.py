@@ -190,6 +190,26 @@ def test_mutual_tls_demands_a_client_certificate_signed_by_the_client_ca(
             assert str(certificate[0] if certificate else None) in line, "the line names the certificate file used"
 
 
+def test_check_lists_what_the_cluster_lacks_or_grants_beyond_the_model(
+    secured: Secured, cli_env: dict[str, str]
+) -> None:
+    """`deploy acls --check`: the applied ACLs match; one more grant is reported, exit 1."""
+    topo, unit = secured.first, f"User:{secured.unit(secured.first)}"
+    admin = _env(cli_env, secured.kafka, SUPER_USER)
+    check = ["deploy", "acls", str(topo.path), "--check"]
+    expected = sum(len(g.bindings()) for g in topology_grants(load_topology(topo.path)))
+    clean = ok(run_cli(admin, *check))
+    secured.outputs.extend([clean.stdout, clean.stderr])
+    assert f"{expected} of {expected} ACL bindings present for 1 principals; 0 missing, 0 extra" in clean.stdout
+    stray = f"unrelated-{secrets.token_hex(3)}"
+    asyncio.run(create_acls(secured.kafka.admin(), [AclBinding(unit, "topic", stray, "literal", "Read")]))
+    drift = run_cli(admin, *check)
+    secured.outputs.extend([drift.stdout, drift.stderr])
+    assert drift.returncode == 1, drift.stdout + drift.stderr
+    assert f"extra: {unit} Read on topic '{stray}' (literal)" in drift.stdout
+    assert "0 missing, 1 extra" in drift.stdout
+
+
 def test_no_password_appears_in_any_output_or_log(secured: Secured, cli_env: dict[str, str], tmp_path: Path) -> None:
     """Last of the module's tests on this broker (pytest keeps a module's order): every
     command's output and every worker's log so far, the broker's own logs, and a worker

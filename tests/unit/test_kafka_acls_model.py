@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
-from aiokafka.protocol.admin import CreateAclsRequest, CreateAclsRequest_v1
+from aiokafka.protocol.admin import (
+    CreateAclsRequest,
+    CreateAclsRequest_v1,
+    DescribeAclsRequest,
+    DescribeAclsRequest_v1,
+)
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -112,6 +117,8 @@ def test_the_cli_prints_the_script_without_touching_a_cluster() -> None:
     assert result.exit_code == 0, result.output
     topology = load_topology(REPO / "topologies" / "dense.yaml")
     assert result.stdout == kafka_acls_script(topology_grants(topology, ["alice"]))
+    both = CliRunner().invoke(app, ["deploy", "acls", str(REPO / "topologies" / "dense.yaml"), "--apply", "--check"])
+    assert isinstance(both.exception, ConfigError) and "one of --apply and --check" in str(both.exception)
     refused = CliRunner().invoke(app, ["deploy", "acls", str(REPO / "topologies" / "dense.yaml"), "--client", "a b"])
     assert isinstance(refused.exception, ConfigError), refused.output  # `pipeline` prints it as one line
     assert "does not make a valid reply topic name" in str(refused.exception)
@@ -206,6 +213,12 @@ def test_the_aiokafka_internals_the_acl_applier_relies_on_are_unchanged() -> Non
     )
     built = request.build(CreateAclsRequest_v1)
     assert built.creations == [(2, "t", 4, "User:a", "*", 3, 3)]
+    assert DescribeAclsRequest.API_KEY == 29
+    listed = DescribeAclsRequest(1, None, 1, "User:a", None, 1, 1).build(DescribeAclsRequest_v1)
+    assert (listed.resource_type, listed.principal, listed.resource_pattern_type_filter) == (1, "User:a", 1)
+    # v2 of aiokafka's DescribeAcls claims the flexible encoding but keeps v1's schema: it must
+    # not be negotiated (Kafka 4 serves v1-v3), so the request's classes stop at v1
+    assert [c.API_VERSION for c in DescribeAclsRequest._CLASSES] == [0, 1]
     # Kafka's enum codes (org.apache.kafka.common.acl.AclOperation, resource.ResourceType, PatternType)
     assert OPERATION == {"Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Describe": 8}
     assert RESOURCE_TYPE == {"topic": 2, "group": 3} and PATTERN_TYPE == {"literal": 3, "prefix": 4}
