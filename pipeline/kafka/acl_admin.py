@@ -4,8 +4,8 @@ DescribeAcls requests.
 aiokafka's admin client has no ``create_acls`` or ``describe_acls`` (kafka-python's had); it
 does ship the protocol's ``CreateAclsRequest`` and ``DescribeAclsRequest`` (v0-v1 negotiated;
 Kafka 4 serves v1-v3), and the admin client sends any request through its private
-``_send_request``. That private call is this module's only
-reliance on aiokafka internals; ``tests/unit/test_kafka_acls_model.py`` pins it by name. The codes
+``_send_request``. That private call is this module's only reliance on aiokafka internals;
+``tests/unit/test_kafka_acls_model.py`` pins it by name. The codes
 are Kafka's own enums (``org.apache.kafka.common.resource.ResourceType``, ``PatternType``,
 ``org.apache.kafka.common.acl.AclOperation``, ``AclPermissionType``).
 """
