@@ -182,6 +182,11 @@ def otlp_http_receiver() -> Iterator[OtlpReceiver]:
     receiver = OtlpReceiver(free_port())
 
     class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.1: the exporter's connection stays open between exports. Under HTTP/1.0 the
+        # server closed it after each answer, and an exporter that reused it lost that export
+        # (Triton's spans of one call of two never came, CI 2026-11-28, twice).
+        protocol_version = "HTTP/1.1"
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if "json" in self.headers.get("Content-Type", ""):
