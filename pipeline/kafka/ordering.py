@@ -149,6 +149,14 @@ class OrderedOffsets(Generic[T]):
     def partitions(self) -> list[TopicPartition]:
         return list(self._lines)
 
+    def head_ages(self, now: float) -> dict[TopicPartition, float]:
+        """Per line, the age (s) at ``now`` of its oldest unacknowledged slot (0 when none)."""
+        ages: dict[TopicPartition, float] = {}
+        for tp in self.partitions():
+            head = self.oldest(tp)
+            ages[tp] = 0.0 if head is None else max(0.0, now - head.tracked_at)
+        return ages
+
     def oldest(self, tp: TopicPartition) -> Slot[T] | None:
         """The partition's oldest unacknowledged slot (its line's head), if any."""
         line = self._lines.get(tp)

@@ -47,6 +47,7 @@ __all__ = [
     "OversizeHandler",
     "ReplyRedirect",
     "SlotTracer",
+    "StageOutbox",
     "send_record",
 ]
 
@@ -60,6 +61,31 @@ class SlotTracer(Protocol):
     """Starts a consumed record's trace (``pipeline.observability.record_trace.RecordTracer``)."""
 
     def consumed(self, record: Any) -> SlotTrace[Outputs]: ...
+
+
+class CheckpointCloser(Protocol):
+    def close(self, group: CheckpointGroup, checkpoint: Sequence[Any]) -> None: ...
+
+
+class StageOutbox(Protocol):
+    """What a stage asks of its outbox: :class:`Outbox`, or under exactly-once delivery the
+    :class:`pipeline.kafka.transactions.TransactionalOutbox` of one outbox per transaction."""
+
+    @property
+    def groups(self) -> CheckpointCloser: ...
+    def track(self, record: ConsumerRecord[bytes, bytes], tracer: SlotTracer | None = None) -> Slot[Outputs]: ...
+    def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs, *, group: CheckpointGroup | None = None) -> None: ...
+    def pending(self, tp: TopicPartition | None = None) -> int: ...
+    def pending_bytes(self) -> int: ...
+    def oldest_unfinished(self, now: float | None = None) -> dict[TopicPartition, float]: ...
+    def raise_if_failed(self) -> None: ...
+    async def send_unowned(self, records: list[OutRecord], partition: int | None = None) -> list[asyncio.Future[Any]]: ...
+    async def run(self, stop: asyncio.Event, commit_interval_s: float = 0.2) -> None: ...
+    async def flush(self, timeout_s: float) -> bool: ...
+    async def commit(self, partitions: list[TopicPartition] | None = None) -> None: ...
+    def forget(self, tp: TopicPartition) -> int: ...
+    async def open_partitions(self, partitions: list[TopicPartition]) -> None: ...
+    async def close_partitions(self, partitions: list[TopicPartition] | None = None) -> None: ...
 
 
 class Outbox:
@@ -143,12 +169,7 @@ class Outbox:
     def oldest_unfinished(self, now: float | None = None) -> dict[TopicPartition, float]:
         """Per partition line, the age (s) of its oldest record not yet acknowledged (0 when
         none): a line's head that does not move is a wedged partition (the watchdog's input)."""
-        now = time.monotonic() if now is None else now
-        ages: dict[TopicPartition, float] = {}
-        for tp in self._offsets.partitions():
-            head = self._offsets.oldest(tp)
-            ages[tp] = 0.0 if head is None else max(0.0, now - head.tracked_at)
-        return ages
+        return self._offsets.head_ages(time.monotonic() if now is None else now)
 
     def raise_if_failed(self) -> None:
         if (failure := self._failure or self.groups.failure) is not None:
@@ -170,9 +191,9 @@ class Outbox:
                 else:
                     await self._emit_batched(list(self._offsets.emittable(tp)), batches)
 
-    async def send_unowned(self, records: list[OutRecord]) -> list[asyncio.Future[Any]]:
-        """Hand outputs no slot owns (an expiry, an idle close, a tombstone) to the producer,
-        a state record only if no newer write of its key went before it; their deliveries."""
+    async def send_unowned(self, records: list[OutRecord], partition: int | None = None) -> list[asyncio.Future[Any]]:
+        """Hand outputs no slot owns (an expiry, an idle close, a tombstone; of input ``partition``)
+        to the producer, a state record only if no newer write of its key went before it; their deliveries."""
         producer = self._producer
         return [
             await self._writes.write(
@@ -301,6 +322,13 @@ class Outbox:
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         """Commit each partition (of ``partitions``; None: all) past its acknowledged outputs."""
         await commit_acknowledged(self._consumer, self._offsets, self._fence, partitions)
+
+    async def open_partitions(self, partitions: list[TopicPartition]) -> None:
+        """Partitions were assigned, before their state is restored (a transactional outbox
+        opens their transaction units here: :mod:`pipeline.kafka.transactions`)."""
+
+    async def close_partitions(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Partitions (None: all) were handed back and forgotten, or the stage closes."""
 
     def forget(self, tp: TopicPartition) -> int:
         """Drop a revoked partition's unfinished slots (its next owner replays them)."""

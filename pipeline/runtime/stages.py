@@ -104,7 +104,8 @@ def build_sequence(ctx: BuildContext, config: Stage) -> StreamStage:
         upstream=chain_upstream(ctx.topology, config.name),
         upstream_gone_after_s=config.upstream_gone_after,
         retry=retry_policy(config.retry),
-        checkpoint=CheckpointPolicy(**config.checkpoint.model_dump()),
+        # Under exactly-once a transaction commits a chunk's results with the state covering them.
+        checkpoint=CheckpointPolicy(1) if ctx.io.exactly_once else CheckpointPolicy(**config.checkpoint.model_dump()),
         vad=None if post is None else VadSettings(**post.model_dump(exclude={"kind"})),
     )
     return SequenceStage(
@@ -198,6 +199,7 @@ def build_stages(
             limits=limits,
             claim_checks=claim_checks,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
+            exactly_once=topology.delivery == "exactly_once",
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             stall_after_s=stall_after_s(config),
         )
@@ -230,6 +232,7 @@ def _graph_stages(
             limits=limits,
             claim_checks=claim_checks,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
+            exactly_once=topology.delivery == "exactly_once",
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             stall_after_s=stall_after_s(config),
         )
@@ -251,6 +254,7 @@ def _graph_stages(
             output_topic=join.output_topic,
             dead_letter_topic=topology.dead_letter_topic,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
+            exactly_once=topology.delivery == "exactly_once",
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             # A join record legitimately waits up to its window for the other branches.
             stall_after_s=join.window_ms / 1000 + JOIN_STALL_MARGIN_S,

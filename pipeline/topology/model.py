@@ -457,6 +457,11 @@ class Topology(_Strict):
     http_port: int | None = Field(default=None, ge=0, le=65535)
     """Port of the health/metrics HTTP endpoint; unset = the stable default 9400
     (``pipeline.runtime.health.DEFAULT_PORT``), 0 = any free port."""
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    """``exactly_once``: each stage's outputs and the input offsets they answer commit in one
+    Kafka transaction (a transactional producer per input partition), so a ``read_committed``
+    reader sees every output once, through crashes and rebalances. Needs a broker with
+    transactions (not Tansu). A sequence stage then checkpoints every chunk. docs/streaming.md."""
     drain_timeout_s: PositiveFloat = 30.0
     """SIGTERM: how long the process may take to finish, commit and close; work still
     unfinished then is abandoned uncommitted (its records are replayed by the next owner)."""

@@ -214,3 +214,18 @@ def test_the_registry_hands_the_stage_its_checkpoint_policy(tmp_path: Path) -> N
     (stage,) = build_stages(topology, endpoints, PipelineMetrics(), only=["vad"])
     assert isinstance(stage, SequenceStage)
     assert stage.settings.checkpoint == CheckpointPolicy(every_chunks=4, max_interval_ms=50)
+
+
+def test_under_exactly_once_every_chunk_carries_its_checkpoint(tmp_path: Path) -> None:
+    """A transaction commits a chunk's results with the offsets they answer, so the state that
+    covers them must be in it too: coalescing (slots held past their results) is off."""
+    sequence = "    checkpoint: {every_chunks: 4, max_interval_ms: 50}"
+    doc = CHAIN.format(dali_rate=16000, sequence=sequence) + "delivery: exactly_once\n"
+    topology = load_topology(write(tmp_path, doc))
+    endpoints = Endpoints(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:9"), triton=TritonSettings(grpc_url="127.0.0.1:9")
+    )
+    stages = build_stages(topology, endpoints, PipelineMetrics())
+    assert [s.io.exactly_once for s in stages] == [True, True], "every stage of the topology commits in transactions"
+    (stage,) = [s for s in stages if isinstance(s, SequenceStage)]
+    assert stage.settings.checkpoint.every_chunks == 1

@@ -37,6 +37,11 @@ class _Consumer:
         await self.listener.on_partitions_assigned([TP])
 
 
+class _Outbox:
+    async def open_partitions(self, partitions: list[TopicPartition]) -> None:
+        """The plain outbox's: nothing to open (a transactional one starts producers here)."""
+
+
 class _Stage(StreamStage):
     seen: object = "not restored"
 
@@ -52,7 +57,7 @@ def test_restore_on_the_first_assignment_sees_the_stages_consumer(monkeypatch: p
 
     async def open_clients(*args: Any) -> StageClients:
         made["consumer"] = _Consumer(args[-1])
-        return StageClients(producer=object(), consumer=made["consumer"], outbox=object())  # type: ignore[arg-type]
+        return StageClients(producer=object(), consumer=made["consumer"], outbox=_Outbox())  # type: ignore[arg-type]
 
     monkeypatch.setattr(base, "open_clients", open_clients)
     io = StageIO(stage="s", group_id="g", input_topic="in", output_topic="out", dead_letter_topic="dl")

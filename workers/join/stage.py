@@ -204,7 +204,7 @@ class JoinStage(StatefulStage):
         stamp = self.clock.timestamp(record)  # observed already (passing)
         state = self.states.get(key)
         if state is None:
-            await self.produce_all_unowned([out for e in self.states.make_room(key) for out in self._evict(e)])
+            await self.produce_unowned_of([(e.partition, out) for e in self.states.make_room(key) for out in self._evict(e)])
             # The window runs in event time, from the first branch's record timestamp.
             state = JoinState(first_ms=stamp, headers=list(record.headers or ()))
         value = record.value or b""
@@ -334,7 +334,7 @@ class JoinStage(StatefulStage):
         if self.node.upstream and any(not entry.state.done for entry in self.states):
             self.upstream.poll(self._consumer, self._owned)
         judged: dict[tuple[str, int], Judged] = {}  # one look per branch partition and sweep
-        out: list[OutRecord] = []
+        out: list[tuple[int, OutRecord]] = []  # (input partition, output)
         explained: set[tuple[str, int]] = set()
         for entry in self.states:
             if entry.state.done:
@@ -343,14 +343,14 @@ class JoinStage(StatefulStage):
             if rules is not None:
                 log.info("%s: join %r expired: %s", self.io.stage, entry.key, rules)
                 explain_expiry(self, rules, entry.partition, explained)
-                out += self._expire(entry, rules)
+                out += [(entry.partition, o) for o in self._expire(entry, rules)]
         for entry in self.states.due():
             if entry.state.done:
-                out += self._evict(entry)  # retention over: the marker is deleted
+                out += [(entry.partition, o) for o in self._evict(entry)]  # retention over: the marker is deleted
             else:
                 self.states.touch(entry.key)  # open: its window closes it (event time), not the wall clock
         if out:
-            await self.produce_all_unowned(out)  # all enqueued first: one round trip, not one per join
+            await self.produce_unowned_of(out)  # all enqueued first: one round trip per partition, not one per join
         self.metrics.state_keys.labels(self.io.stage).set(len(self.states))
 
     def _evict(self, entry: StateEntry[JoinState]) -> list[OutRecord]:

@@ -9,14 +9,17 @@ claim-check dead letters), its membership fence, and its reply-topic redirect.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from pipeline.deadletter.oversize import OversizeOutputs
+from pipeline.errors import ConfigError
 from pipeline.kafka.clients import detect_idempotence, make_consumer, make_producer
-from pipeline.kafka.outbox import Outbox
+from pipeline.kafka.outbox import Outbox, StageOutbox
 from pipeline.kafka.replies import stage_replies
+from pipeline.kafka.transactions import TRANSACTION_TIMEOUT_MS, TransactionalOutbox, UnitOutbox
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import KafkaSettings
 from workers.runtime.fencing import StageFence
@@ -28,7 +31,7 @@ from workers.runtime.stage_io import StageIO
 class StageClients:
     producer: AIOKafkaProducer
     consumer: AIOKafkaConsumer
-    outbox: Outbox
+    outbox: StageOutbox
 
 
 async def open_clients(
@@ -45,7 +48,12 @@ async def open_clients(
     a stage that stored its consumer only after the start restored without one (no reading
     starts: a join took an unread branch partition as read, and expired 3,307 windows of a
     backlog, CI of 2026-11-27)."""
-    await detect_idempotence(kafka)  # idempotent producers wherever the broker serves them
+    idempotent = await detect_idempotence(kafka)  # idempotent producers wherever the broker serves them
+    if io.exactly_once and not idempotent:
+        raise ConfigError(
+            f"stage {io.stage}: delivery: exactly_once needs a broker that serves transactions, and Kafka at "
+            f"{kafka.bootstrap_servers} refused InitProducerId (Tansu does); use delivery: at_least_once there"
+        )
     producer = make_producer(kafka, limits=io.limits)
     await producer.start()
     extra: dict[str, object] = {}
@@ -62,11 +70,32 @@ async def open_clients(
         store=io.claim_checks,
         on_claim_check=lambda outcome: metrics.claim_checks.labels(io.stage, outcome).inc(),
     )
-    outbox = Outbox(
-        producer, consumer, on_acknowledged=outcomes.acknowledged, oversize=oversize,
-        fence=fence.watch(consumer, io.stage, metrics),
-        replies=stage_replies(producer, io.stage, io.output_topic, io.reply_prefix, metrics),
-        batch_sends=kafka.batch_sends,
-    )  # fmt: skip
+    lease = fence.watch(consumer, io.stage, metrics)
+
+    def options(producer: AIOKafkaProducer) -> dict[str, Any]:
+        return dict(
+            on_acknowledged=outcomes.acknowledged, oversize=oversize, fence=lease,
+            replies=stage_replies(producer, io.stage, io.output_topic, io.reply_prefix, metrics),
+            batch_sends=kafka.batch_sends,
+        )  # fmt: skip
+
+    plain = Outbox(producer, consumer, **options(producer))
+    outbox: StageOutbox = plain
+    if io.exactly_once:
+
+        async def start_producer(unit: str) -> AIOKafkaProducer:
+            unit_producer = make_producer(
+                kafka, limits=io.limits, enable_idempotence=True,
+                transactional_id=f"{io.group_id}.{unit}", transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            )  # fmt: skip
+            await unit_producer.start()  # InitProducerId: the unit's previous owner is fenced
+            return unit_producer
+
+        outbox = TransactionalOutbox(
+            start_producer,
+            lambda unit_producer: UnitOutbox(unit_producer, consumer, group_id=io.group_id, **options(unit_producer)),
+            plain,
+            by_partition=bool(io.more_input_topics),
+        )
     consumer.subscribe(io.input_topics, listener=listener)
     return StageClients(producer, consumer, outbox)

@@ -39,6 +39,9 @@ class StageIO:
     """Record sizes the clients handle (from the topology's largest accepted request)."""
     claim_checks: ClaimCheckStore | None = None
     """Where dead letters over ``limits.dead_letter_max_bytes`` keep their payload (None: not kept)."""
+    exactly_once: bool = False
+    """``delivery: exactly_once``: outputs and input offsets commit in one transaction per input
+    partition (:mod:`pipeline.kafka.transactions`)."""
     reply_prefix: str | None = None
     """Set on the stage writing the topology's result topic: results whose ``reply-topic``
     is under this prefix go there instead (:mod:`pipeline.contract.reply`)."""

@@ -9,10 +9,12 @@ records that do not decode are dead-lettered here and their keys start fresh.
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Any, TypeVar
 
 from aiokafka.structs import TopicPartition
 
+from pipeline.kafka.out_record import OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.state import KeyedStateStore, RestoreReport, StateCodec, StateLimits
 from workers.runtime.dead_letters import corrupt_state_records
@@ -44,8 +46,16 @@ class StatefulStage(StreamStage, abc.ABC):
         letters = corrupt_state_records(self.io.stage, self.io.dead_letter_topic, report)
         if letters:
             self.metrics.state_corrupt.labels(self.io.stage).inc(len(letters))
-            await self.produce_all_unowned(letters)
+            await self.produce_unowned_of([(corrupt[2], letter) for corrupt, letter in zip(report.corrupt, letters, strict=True)])
         return report
+
+    async def produce_unowned_of(self, outputs: list[tuple[int, OutRecord]]) -> None:
+        """:meth:`produce_all_unowned` of outputs that come from several input partitions, each
+        group with its partition (under exactly-once, they join their partitions' transactions)."""
+        grouped: dict[int, list[OutRecord]] = {}
+        for partition, out in outputs:
+            grouped.setdefault(partition, []).append(out)
+        await asyncio.gather(*[self.produce_all_unowned(records, partition) for partition, records in grouped.items()])
 
     def copartitioned_topics(self) -> list[str]:
         return [*super().copartitioned_topics(), self.states.topic]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable
@@ -30,7 +31,7 @@ from pipeline.kafka.clients import (
     failing_in_one_line,
 )
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
+from pipeline.kafka.outbox import Outputs, OutRecord, StageOutbox
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.kafka.static_leave import leave_on_stop
 from pipeline.kafka.unreadable import UnreadableRecord, UnreadableRecords
@@ -91,6 +92,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await stage.outbox.flush(stage.io.drain_timeout_s)
         await stage.outbox.commit(partitions)
         dropped = sum(stage.outbox.forget(tp) for tp in partitions)
+        await stage.outbox.close_partitions(partitions)
         stage._fetch.forget(partitions)
         await stage.forget(partitions)
         log.info("%s: handed back %s (%d unfinished, replayed by next owner)", stage.io.stage, partitions, dropped)
@@ -99,6 +101,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("%s: assigned %s", self._stage.io.stage, sorted(map(str, assigned)))
         try:
             with self._stage.fence.restoring():
+                if self._stage._outbox is not None:
+                    await self._stage._outbox.open_partitions(list(assigned))  # before any state is read
                 await self._stage.restore(list(assigned))
         except Exception as exc:
             self._stage.fail(exc)
@@ -110,13 +114,11 @@ class StreamStage(abc.ABC):
     """Consume ``io.input_topic`` as group ``io.group_id``; outputs go through the outbox."""
 
     def __init__(self, io: StageIO, kafka: KafkaSettings, metrics: PipelineMetrics) -> None:
-        self.io = io
-        self.kafka = kafka
-        self.metrics = metrics
+        self.io, self.kafka, self.metrics = io, kafka, metrics
         self.ready = False
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self._outbox: Outbox | None = None
+        self._outbox: StageOutbox | None = None
         self._flow = FlowControl(io.stage, metrics, max_pending=io.max_pending, max_pending_bytes=io.max_pending_bytes)
         self.lag = ConsumerLag(io.stage, io.group_id, metrics)
         self._fatal: BaseException | None = None
@@ -127,16 +129,10 @@ class StreamStage(abc.ABC):
         self._owned: set[TopicPartition] = set()
         self.fence = StageFence(self.fail)
         self._fetch = UnreadableRecords(  # no crash loop on undecodable records, no move past a skipped offset
-            kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"], on_gap=self._count_gap
+            kafka, max_fetch_bytes=io.limits.consumer_kwargs()["fetch_max_bytes"], on_gap=functools.partial(_count_gap, metrics, io.stage)
         )
         self._traces = stage_tracer(io.stage, io.group_id)  # None: tracing off
         self._lanes = LaneScheduler(io.stage, io.lanes, metrics) if io.lanes else None
-
-    def _count_gap(self, tp: TopicPartition, _expected: int, _answered: int, absent: bool) -> None:
-        labels = (self.io.stage, tp.topic, str(tp.partition))
-        self.metrics.offsets_skipped.labels(*labels).inc()
-        if absent:
-            self.metrics.offsets_absent.labels(*labels).inc()
 
     def fail(self, exc: BaseException) -> None:
         """Stop the stage: an error happened where it cannot be handled (a rebalance callback)."""
@@ -187,7 +183,7 @@ class StreamStage(abc.ABC):
 
     # ------------------------------------------------------------------ helpers for stages
     @property
-    def outbox(self) -> Outbox:
+    def outbox(self) -> StageOutbox:
         assert self._outbox is not None, "stage not started"
         return self._outbox
 
@@ -221,12 +217,13 @@ class StreamStage(abc.ABC):
         """When the broker last answered a fetch for the partition (ms; None before the first)."""
         return self._consumer.last_poll_timestamp(tp) if self._consumer is not None else None
 
-    async def produce_all_unowned(self, records: list[OutRecord]) -> None:
-        """Produce outputs no input record owns (an expiry, an idle close, a tombstone):
-        all handed to the producer first, then awaited together (one round trip), once the
-        membership fence lets them (:meth:`StageFence.admit_unowned`)."""
+    async def produce_all_unowned(self, records: list[OutRecord], partition: int | None = None) -> None:
+        """Produce outputs no input record owns (an expiry, an idle close, a tombstone; of input
+        ``partition``, whose transaction they join under exactly-once): all handed to the producer
+        first, then awaited together (one round trip), once the membership fence lets them
+        (:meth:`StageFence.admit_unowned`)."""
         await self.fence.admit_unowned(self.io.stage, len(records))
-        futures = await self.outbox.send_unowned(records)  # a state record never after a newer one
+        futures = await self.outbox.send_unowned(records, partition)  # a state record never after a newer one
         outcomes = await asyncio.gather(*futures, return_exceptions=True)  # all retrieved: none "never retrieved"
         if failed := [r for r in outcomes if isinstance(r, BaseException)]:
             raise failed[0]
@@ -353,9 +350,19 @@ class StreamStage(abc.ABC):
             await self._bounded(self._consumer.stop(), "consumer close")
             if clean and (leave := leave_on_stop(self.kafka, self.io.group_id)) is not None:
                 await self._bounded(leave, "leave group")
+        if self._outbox is not None:
+            await self._bounded(self._outbox.close_partitions(), "transactional producers close")
         if self._producer is not None:
             await self._bounded(self._producer.stop(), "producer close")
         await self._bounded(self.teardown(), "teardown")
+
+
+def _count_gap(metrics: PipelineMetrics, stage: str, tp: TopicPartition, _expected: int, _answered: int, absent: bool) -> None:
+    """A fetch answered past an offset (``absent``: a hole in the log, moved past): counted."""
+    labels = (stage, tp.topic, str(tp.partition))
+    metrics.offsets_skipped.labels(*labels).inc()
+    if absent:
+        metrics.offsets_absent.labels(*labels).inc()
 
 
 async def bounded(work: Awaitable[object], timeout_s: float, what: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.kafka.checkpoint_group import CheckpointGroup
 from pipeline.kafka.ordering import Slot
-from pipeline.kafka.outbox import Outbox, Outputs, OutRecord
+from pipeline.kafka.outbox import Outputs, OutRecord, StageOutbox
 from pipeline.state import KeyedStateStore
 
 
@@ -68,7 +68,7 @@ class PendingCheckpoint:
 
 
 def complete_chunk(
-    outbox: Outbox,
+    outbox: StageOutbox,
     states: KeyedStateStore[Any],
     policy: CheckpointPolicy,
     pending: PendingCheckpoint,
@@ -90,7 +90,7 @@ def complete_chunk(
         outbox.complete(slot, tuple(results), group=pending.join())
 
 
-def close_pending(outbox: Outbox, states: KeyedStateStore[Any], pending: PendingCheckpoint, key: bytes) -> None:
+def close_pending(outbox: StageOutbox, states: KeyedStateStore[Any], pending: PendingCheckpoint, key: bytes) -> None:
     """A stream's last chunks on hand took no checkpoint (a duplicate or a dead letter came
     last): send one covering them on its own."""
     if (group := pending.take()) is not None:

@@ -274,14 +274,15 @@ class SequenceStage(StatefulStage):
         entry = self.states.entry(key)
         assert entry is not None, "only streams with state are closed"
         records.append(self.states.put(key, state, entry.partition, ttl_s=self.settings.ended_retention_s))
-        await self.produce_all_unowned(records)
+        await self.produce_all_unowned(records, entry.partition)
         self.metrics.streams_closed.labels(self.io.stage, reason).inc()
 
     async def _drop(self, key: bytes) -> None:
         self.streams.pop(key)
+        entry = self.states.entry(key)
         tombstone = self.states.delete(key)
-        if tombstone is not None:
-            await self.produce_all_unowned([tombstone])
+        if tombstone is not None and entry is not None:
+            await self.produce_all_unowned([tombstone], entry.partition)
 
     async def _evict_for(self, key: bytes) -> None:
         """A new stream: evict the idlest ones first when ``max_streams`` are held."""
