@@ -133,6 +133,13 @@ class OrderedOffsets(Generic[T]):
             if line.commit_point is not None and line.commit_point != line.committed
         }
 
+    def read_to(self, tp: TopicPartition, position: int) -> None:
+        """Every record of ``tp`` before ``position`` was added: an empty line may commit up to it
+        (offsets that hold no record: transaction markers, aborted records)."""
+        line = self._lines.setdefault(tp, _PartitionLine())
+        if not line.slots and (line.commit_point is None or position > line.commit_point):
+            line.commit_point = position
+
     def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
         for tp, offset in offsets.items():
             if tp in self._lines:

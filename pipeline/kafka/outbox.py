@@ -76,6 +76,7 @@ class StageOutbox(Protocol):
     def track(self, record: ConsumerRecord[bytes, bytes], tracer: SlotTracer | None = None) -> Slot[Outputs]: ...
     def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs, *, group: CheckpointGroup | None = None) -> None: ...
     def pending(self, tp: TopicPartition | None = None) -> int: ...
+    def read_to(self, tp: TopicPartition, position: int) -> None: ...
     def pending_bytes(self) -> int: ...
     def oldest_unfinished(self, now: float | None = None) -> dict[TopicPartition, float]: ...
     def raise_if_failed(self) -> None: ...
@@ -119,7 +120,7 @@ class Outbox:
         )
         self._writes = StateWrites()  # a key's checkpoints in decision order, whichever line carries them
         self._after_acks = AfterAcks(self._sender.send, self._fence, self._sender.send_record, self._writes)
-        self.groups = CheckpointGroups(self._acknowledge, self._after_acks, self._delivery)  # coalesced checkpoints
+        self.groups = CheckpointGroups(lambda slot: self._acknowledge_all([slot]), self._after_acks, self._delivery)
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
 
@@ -162,6 +163,10 @@ class Outbox:
 
     def pending(self, tp: TopicPartition | None = None) -> int:
         return self._offsets.pending(tp)
+
+    def read_to(self, tp: TopicPartition, position: int) -> None:
+        """Every record of ``tp`` before the consumer's ``position`` was tracked (:meth:`OrderedOffsets.read_to`)."""
+        self._offsets.read_to(tp, position)
 
     def pending_bytes(self) -> int:
         return self._offsets.pending_bytes()
@@ -272,9 +277,6 @@ class Outbox:
             return
         self.groups.acknowledge(slot)
 
-    def _acknowledge(self, slot: Slot[Outputs]) -> None:
-        self._acknowledge_all([slot])
-
     def _acknowledge_all(self, slots: list[Slot[Outputs]]) -> None:
         """The broker has these slots' outputs: commit bookkeeping, traces and counts."""
         self._offsets.acknowledge_all(slots)
@@ -324,8 +326,7 @@ class Outbox:
         await commit_acknowledged(self._consumer, self._offsets, self._fence, partitions)
 
     async def open_partitions(self, partitions: list[TopicPartition]) -> None:
-        """Partitions were assigned, before their state is restored (a transactional outbox
-        opens their transaction units here: :mod:`pipeline.kafka.transactions`)."""
+        """Partitions were assigned, before their state is restored (:mod:`pipeline.kafka.transactions`)."""
 
     async def close_partitions(self, partitions: list[TopicPartition] | None = None) -> None:
         """Partitions (None: all) were handed back and forgotten, or the stage closes."""

@@ -186,6 +186,11 @@ class TransactionalOutbox:
             return unit.pending(tp) if unit is not None else 0
         return sum(state.outbox.pending() for state in self._units.values())
 
+    def read_to(self, tp: TopicPartition, position: int) -> None:
+        unit = self._of.get(tp)
+        if unit is not None:
+            unit.read_to(tp, position)
+
     def pending_bytes(self) -> int:
         return sum(state.outbox.pending_bytes() for state in self._units.values())
 

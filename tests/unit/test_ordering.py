@@ -46,6 +46,26 @@ def test_commit_point_only_moves_past_acknowledged_head() -> None:
     assert ledger.pending() == 0
 
 
+def test_an_empty_line_commits_up_to_the_read_position_past_offsets_with_no_record() -> None:
+    """A transactional topic: offset 11 is the transaction's commit marker, which no consumer
+    is handed. Once the line is empty, the consumer's position (12) is committable, so a group
+    that has read to the end shows no lag; while a slot is unfinished, the position moves nothing."""
+    ledger: OrderedOffsets[str] = OrderedOffsets()
+    slot = ledger.add(TP, 10)
+    ledger.read_to(TP, 12)  # not empty: the unfinished record at 10 rules
+    assert ledger.committable() == {}
+    slot.output = "x"
+    list(ledger.emittable(TP))
+    ledger.acknowledge(slot)
+    assert ledger.committable() == {TP: 11}
+    ledger.read_to(TP, 12)
+    assert ledger.committable() == {TP: 12}
+    ledger.read_to(TP, 5)  # an older position never moves the commit point back
+    assert ledger.committable() == {TP: 12}
+    ledger.read_to(TP1, 3)  # a partition read past markers only, no record tracked yet
+    assert ledger.committable() == {TP: 12, TP1: 3}
+
+
 def test_partitions_are_independent() -> None:
     ledger: OrderedOffsets[str] = OrderedOffsets()
     a = ledger.add(TP, 0)

@@ -293,6 +293,7 @@ class StreamStage(abc.ABC):
                     self._lanes.consumed(tp, taken)
                 if records:
                     self.lag.observe(consumer, tp, records[-1].offset)
+            await _read_to_positions(consumer, self.outbox, self._owned)
             await self.fence.guard(self.tick())
 
     async def _take(self, tp: TopicPartition, records: list[ConsumedRecord], revocations: int) -> int:
@@ -355,6 +356,16 @@ class StreamStage(abc.ABC):
         if self._producer is not None:
             await self._bounded(self._producer.stop(), "producer close")
         await self._bounded(self.teardown(), "teardown")
+
+
+async def _read_to_positions(consumer: AIOKafkaConsumer, outbox: StageOutbox, owned: set[TopicPartition]) -> None:
+    """Every fetched record taken: an owned partition with nothing unfinished may commit up to
+    the consumer's position, past offsets that hold no record (a transaction's commit marker,
+    aborted records), so a group that read a transactional topic to its end has no lag left."""
+    assigned = consumer.assignment()
+    for tp in owned:
+        if tp in assigned and not outbox.pending(tp):
+            outbox.read_to(tp, await consumer.position(tp))
 
 
 def _count_gap(metrics: PipelineMetrics, stage: str, tp: TopicPartition, _expected: int, _answered: int, absent: bool) -> None:
