@@ -137,6 +137,7 @@ class Client:
         self._inbox = Inbox(
             settings, self._waiters, reply_topics=reads, dead_letter_topic=dead_letters,
             own_reply_topic=self.reply_topic, limits=limits,
+            committed_only=self.endpoint.topology.delivery == "exactly_once",
         )
         await self._inbox.start(partitions, timeout)
         return self

@@ -46,6 +46,7 @@ class Inbox:
         dead_letter_topic: str | None,
         own_reply_topic: str | None,
         limits: RecordLimits,
+        committed_only: bool = False,
     ) -> None:
         self._settings = settings
         self._waiters = waiters
@@ -53,8 +54,10 @@ class Inbox:
         self._dead_letter_topic = dead_letter_topic
         self._own = own_reply_topic.encode() if own_reply_topic else None
         self._consumer: AIOKafkaConsumer = make_consumer(
-            settings, group_id=None, limits=limits, isolation_level="read_uncommitted"
-        )
+            settings, group_id=None, limits=limits,
+            # A topology under exactly-once writes its results in transactions: read only committed ones.
+            isolation_level="read_committed" if committed_only else "read_uncommitted",
+        )  # fmt: skip
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
 

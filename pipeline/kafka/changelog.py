@@ -19,15 +19,17 @@ from pipeline.settings import KafkaSettings
 
 
 async def read_changelog(
-    settings: KafkaSettings, topic: str, partitions: Iterable[int]
+    settings: KafkaSettings, topic: str, partitions: Iterable[int], *, committed_only: bool = False
 ) -> dict[int, dict[bytes, bytes]]:
-    """Per partition number, ``key -> latest value`` (tombstoned keys left out)."""
+    """Per partition number, ``key -> latest value`` (tombstoned keys left out); with
+    ``committed_only`` the records of aborted transactions are left out too."""
     wanted = [TopicPartition(topic, p) for p in partitions]
     latest: dict[int, dict[bytes, bytes]] = {tp.partition: {} for tp in wanted}
     if not wanted:
         return latest
     continuity.expect_gaps(topic)  # compaction drops whole batches
-    consumer = make_consumer(settings, group_id=None, isolation_level="read_uncommitted")
+    isolation = "read_committed" if committed_only else "read_uncommitted"
+    consumer = make_consumer(settings, group_id=None, isolation_level=isolation)
     await consumer.start()
     try:
         consumer.assign(wanted)

@@ -82,8 +82,12 @@ class KeyedStateStore(Generic[S]):
         codec: StateCodec[S],
         limits: StateLimits,
         clock: Callable[[], float] = time.monotonic,
+        committed_only: bool = False,
     ) -> None:
         self.kafka = kafka
+        self.committed_only = committed_only
+        """Restore only committed checkpoints (``read_committed``): a topology under exactly-once,
+        whose checkpoints are written in transactions, some aborted."""
         self.topic = topic
         self.codec = codec
         self.limits = limits
@@ -99,7 +103,7 @@ class KeyedStateStore(Generic[S]):
         """Load the latest state of every key in ``partitions`` not loaded yet."""
         numbers = sorted(set(partitions) - self._loaded)
         report = RestoreReport(numbers)
-        tables = await read_changelog(self.kafka, self.topic, numbers)
+        tables = await read_changelog(self.kafka, self.topic, numbers, committed_only=self.committed_only)
         for partition, table in tables.items():
             for key, value in table.items():
                 try:

@@ -38,7 +38,9 @@ class StatefulStage(StreamStage, abc.ABC):
         self, topic: str, codec: StateCodec[S], *, ttl_s: float, max_keys: int | None
     ) -> KeyedStateStore[S]:
         """This stage's keyed state, checkpointed to ``topic`` (see :mod:`pipeline.state`)."""
-        return KeyedStateStore(kafka=self.kafka, topic=topic, codec=codec, limits=StateLimits(ttl_s, max_keys))
+        return KeyedStateStore(
+            kafka=self.kafka, topic=topic, codec=codec, limits=StateLimits(ttl_s, max_keys), committed_only=self.io.exactly_once
+        )
 
     async def restore_states(self, partitions: list[TopicPartition]) -> RestoreReport:
         """Load the states of ``partitions``; dead-letter (and count) records that do not decode."""
