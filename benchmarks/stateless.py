@@ -85,20 +85,25 @@ CASES: dict[str, str] = {
     "u": "(d) on asyncio's event loop",
     "h": "(d) holding partial batches",
     "g": "(d) with Python's default GC",
+    "x": "(d) with delivery: exactly_once",
     "e": "faust echo agent",
     "r": "librdkafka echo",
 }
-VARIANTS_OF_D: dict[str, tuple[dict[str, str], dict[str, Any], str]] = {
-    "p": ({"PIPELINE_KAFKA_BATCH_SENDS": "false"}, {}, "the outbox's record batches against per-record sends"),
-    "u": ({"PIPELINE_EVENT_LOOP": "asyncio"}, {}, "uvloop against asyncio's event loop"),
+VARIANTS_OF_D: dict[str, tuple[dict[str, str], dict[str, Any], dict[str, Any], str]] = {
+    "p": ({"PIPELINE_KAFKA_BATCH_SENDS": "false"}, {}, {}, "the outbox's record batches against per-record sends"),
+    "u": ({"PIPELINE_EVENT_LOOP": "asyncio"}, {}, {}, "uvloop against asyncio's event loop"),
     "h": (
-        {}, {"hold_partial_batches": True},
+        {}, {"hold_partial_batches": True}, {},
         "work-conserving batching against a partial batch always waiting max_queue_delay_ms (the rule before)",
     ),
-    "g": ({"PIPELINE_GC": "default"}, {}, "the stage's garbage-collector settings against Python's defaults"),
+    "g": ({"PIPELINE_GC": "default"}, {}, {}, "the stage's garbage-collector settings against Python's defaults"),
+    "x": (
+        {}, {}, {"delivery": "exactly_once"},
+        "at-least-once against exactly-once transactions (needs a broker with transactions: PIPELINE_EMBEDDED_BROKER=kafka)",
+    ),
 }
-"""(d) again with one setting changed (environment, batching), in the same run: what that
-setting gains (d / key in throughput; key / d in latency)."""
+"""(d) again with one setting changed (environment, batching, the topology's top level), in the
+same run: what that setting gains (d / key in throughput; key / d in latency and CPU)."""
 STAGE_CASES = "d" + "".join(VARIANTS_OF_D)
 KAFKA_CASES = "ac" + STAGE_CASES + "er"
 TARGET_VS_BOUND = 0.8  # d >= 0.8 * min(a, b)
@@ -363,7 +368,8 @@ class Benchmark(StackBenchmark[Config]):
             variant = self.variant
             self.variant += f"-{key}" if key != "d" else ""  # its own topology name: its own group
             try:
-                topology = self._write_topology(source, sink, dead, VARIANTS_OF_D.get(key, ({}, {}, ""))[1])
+                _env, batching, top_level, _gain = VARIANTS_OF_D.get(key, ({}, {}, {}, ""))
+                topology = self._write_topology(source, sink, dead, batching, top_level)
             finally:
                 self.variant = variant
             runner = ["pipeline"]  # the stock CLI, unless a what-if asks for the patching runner
@@ -398,9 +404,11 @@ class Benchmark(StackBenchmark[Config]):
         self.processes.append(process)
         return KafkaWorker(self, key, n, source, sink, process, verify, notes)
 
-    def _write_topology(self, source: str, sink: str, dead: str, batching_changes: dict[str, Any]) -> Path:
+    def _write_topology(
+        self, source: str, sink: str, dead: str, batching_changes: dict[str, Any], top_level: dict[str, Any]
+    ) -> Path:
         """dense.yaml with this run's topics, endpoints, batch size and concurrency (and a
-        variant's changes to its batching)."""
+        variant's changes to its batching and its top-level settings)."""
         cfg = self.config
         data = yaml.safe_load(BASE_TOPOLOGY.read_text())
         data["name"] = f"bench-{self.run_id}{self.variant}"
@@ -414,6 +422,7 @@ class Benchmark(StackBenchmark[Config]):
         batching["max_inflight_batches"] = cfg.concurrency
         batching["max_queue_delay_ms"] = cfg.max_queue_delay_ms
         batching.update(batching_changes)
+        data.update(top_level)
         path = self.log_dir / f"topology-{data['name']}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         load_topology(path)  # fail here, not in the child, if the file is wrong
@@ -539,7 +548,9 @@ def ratios(results: dict[str, CaseResult]) -> dict[str, Any]:
         out["min_a_b_is"] = "a" if a <= b else "b"
     # Issue 22's targets, on worker CPU per request (what the stage itself spends): the stage
     # against the aiokafka echo (a) and the librdkafka echo (r), and its absolute bound.
-    cpu = {key: _cpu_us_per_request(results.get(key)) for key in "adr"}
+    cpu = {key: _cpu_us_per_request(results.get(key)) for key in "adrx"}
+    if cpu["d"] is not None and cpu["x"] is not None:
+        out["x_cpu_over_d_cpu"] = cpu["x"] / cpu["d"]  # what exactly-once costs per request
     if (stage_cpu := cpu["d"]) is not None:
         out["d_cpu_us_per_request"] = stage_cpu
         out["d_cpu_target_us"] = TARGET_CPU_US
@@ -643,9 +654,11 @@ def print_report(
             f"d / min(a, b) = {rat['d_over_min_a_b']:.2f}  (min is {rat['min_a_b_is']}; "
             f"target >= {TARGET_VS_BOUND}): {verdict(rat['d_over_min_a_b_met'])}"
         )
-    for key, (_env, _batching, gain) in VARIANTS_OF_D.items():
+    for key, (_env, _batching, _top_level, gain) in VARIANTS_OF_D.items():
         if f"d_over_{key}" in rat:
             console.print(f"d / {key} = {rat[f'd_over_{key}']:.2f}  ({gain})")
+        if f"{key}_cpu_over_d_cpu" in rat and key not in "ar":
+            console.print(f"worker CPU per request {key} / d = {rat[f'{key}_cpu_over_d_cpu']:.2f}  ({gain})")
         if f"{key}_over_d_p50_ms" in rat:
             console.print(
                 f"latency {key} / d: p50 {rat[f'{key}_over_d_p50_ms']:.2f}, "

@@ -41,3 +41,9 @@ def test_without_the_echoes_there_is_no_echo_ratio() -> None:
     got = ratios({"d": _case("d", 12_000, 70), "c": _case("c", 200)})
     assert "echo_cpu_over_d_cpu" not in got and got["d_cpu_us_per_request"] == 70
     assert got["d_over_c"] == pytest.approx(60)
+
+
+def test_exactly_once_is_priced_against_at_least_once_in_the_same_run() -> None:
+    got = ratios({"d": _case("d", 12_000, 70), "x": _case("x", 8_000, 105)})
+    assert got["d_over_x"] == pytest.approx(12_000 / 8_000)  # throughput at-least-once gains
+    assert got["x_cpu_over_d_cpu"] == pytest.approx(105 / 70)  # CPU per request exactly-once costs
