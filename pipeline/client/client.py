@@ -125,22 +125,30 @@ class Client:
         await start_client(self._producer, settings, timeout)
         reads = [self.reply_topic or self.endpoint.result_topic]
         partitions = {t: await asyncio.wait_for(self._producer.partitions_for(t), timeout) for t in reads}
-        dead_letters: str | None = self.endpoint.dead_letter_topic
-        try:
-            partitions[self.endpoint.dead_letter_topic] = await asyncio.wait_for(
-                self._producer.partitions_for(self.endpoint.dead_letter_topic), timeout
-            )
-        except TopicAuthorizationFailedError:
-            log.warning("not allowed to read the dead-letter topic %s: a call whose request is dead-lettered "
-                        "ends by its timeout", dead_letters)
-            dead_letters = None
+        dead_letters = await self._dead_letter_partitions(timeout)
+        if dead_letters is not None:
+            partitions[self.endpoint.dead_letter_topic] = dead_letters
         self._inbox = Inbox(
-            settings, self._waiters, reply_topics=reads, dead_letter_topic=dead_letters,
+            settings, self._waiters, reply_topics=reads,
+            dead_letter_topic=self.endpoint.dead_letter_topic if dead_letters is not None else None,
             own_reply_topic=self.reply_topic, limits=limits,
             committed_only=self.endpoint.topology.delivery == "exactly_once",
         )
         await self._inbox.start(partitions, timeout)
         return self
+
+    async def _dead_letter_partitions(self, timeout: float) -> set[int] | None:
+        """The dead-letter topic's partitions; None where this client may not read it (a
+        least-privilege client: a call whose request is dead-lettered then ends by its timeout)."""
+        assert self._producer is not None
+        topic = self.endpoint.dead_letter_topic
+        try:
+            partitions: set[int] = await asyncio.wait_for(self._producer.partitions_for(topic), timeout)
+        except TopicAuthorizationFailedError:
+            log.warning("not allowed to read the dead-letter topic %s: a call whose request is dead-lettered "
+                        "ends by its timeout", topic)  # fmt: skip
+            return None
+        return partitions
 
     async def close(self) -> None:
         """Fail the calls still waiting, stop reading, and delete the reply topic it made."""

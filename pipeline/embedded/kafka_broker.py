@@ -20,7 +20,6 @@ import functools
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import tempfile
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from pipeline.embedded.kafka_security import SCRAM_MECHANISM, SUPER_USER, BrokerSecurity
 from pipeline.embedded.process import ServiceStartError, SupervisedProcess, die_with_parent, free_ports, port_open
 from pipeline.errors import PipelineError
+from pipeline.settings import KafkaSettings
 
 KAFKA_VERSION = "4.4.0"
 """Must equal ``kafka.version`` in scripts/kafka/pom.xml (a unit test checks)."""
@@ -304,25 +304,25 @@ class ApacheKafka:
         if self._launching:
             return True  # wait_ready checks the whole cluster once every node runs
         return port_open(LOCALHOST, node.broker_port) and cluster_answers(
-            f"{LOCALHOST}:{node.broker_port}", len(self.nodes), client=self.admin_client_kwargs()
+            self.admin_settings(f"{LOCALHOST}:{node.broker_port}"), len(self.nodes)
         )
 
-    def admin_client_kwargs(self) -> dict[str, object]:
-        """aiokafka keyword arguments that log in as the super user (none without security)."""
-        if self.security is None:
-            return {}
-        context = ssl.create_default_context(cafile=str(self.security.tls.ca_cert))
-        if self.security.admin_certificate is not None:
-            context.load_cert_chain(*map(str, self.security.admin_certificate))
-        if not self.security.sasl:
-            return {"security_protocol": "SSL", "ssl_context": context}
-        return {
-            "security_protocol": "SASL_SSL",
-            "ssl_context": context,
-            "sasl_mechanism": SCRAM_MECHANISM,
-            "sasl_plain_username": SUPER_USER,
-            "sasl_plain_password": self.security.admin_password.get_secret_value(),
-        }
+    def admin_settings(self, bootstrap_servers: str | None = None) -> KafkaSettings:
+        """Client settings that log in as the super user (plaintext without security), at
+        ``bootstrap_servers`` (default: every node). Every field given: nothing comes from
+        the ``PIPELINE_KAFKA_*`` environment, which may be another broker's."""
+        security, sasl = self.security, self.security is not None and self.security.sasl
+        certificate = security.admin_certificate if security is not None else None
+        return KafkaSettings(
+            bootstrap_servers=bootstrap_servers or self.bootstrap_servers,
+            security_protocol=("SASL_SSL" if sasl else "SSL") if security is not None else "PLAINTEXT",
+            sasl_mechanism=SCRAM_MECHANISM if sasl else None,
+            sasl_username=SUPER_USER if sasl else None,
+            sasl_password=security.admin_password if security is not None and sasl else None,
+            ssl_cafile=str(security.tls.ca_cert) if security is not None else None,
+            ssl_certfile=str(certificate[0]) if certificate else None,
+            ssl_keyfile=str(certificate[1]) if certificate else None,
+        )
 
     def wait_ready(self) -> None:
         """Wait until every broker is registered and answers; records :attr:`startup_seconds`."""
@@ -337,9 +337,7 @@ class ApacheKafka:
             dead = [p for p in self._processes if not p.running()]
             if dead:
                 raise ServiceStartError(f"{dead[0].name} exited while starting; last lines of {dead[0].log_path}:\n{dead[0].tail()}")
-            if all(port_open(LOCALHOST, n.broker_port) for n in self.nodes) and cluster_answers(
-                self.bootstrap_servers, len(self.nodes), client=self.admin_client_kwargs()
-            ):
+            if all(port_open(LOCALHOST, n.broker_port) for n in self.nodes) and cluster_answers(self.admin_settings(), len(self.nodes)):
                 if self.started_at is not None:
                     self.startup_seconds = time.monotonic() - self.started_at
                 return
@@ -378,9 +376,7 @@ READY_PROBE_GROUP = "pipeline-embedded-ready"
 """A group no one joins: the readiness probe asks its coordinator to describe it."""
 
 
-def cluster_answers(
-    bootstrap_servers: str, expected_brokers: int, timeout: float = 5.0, *, client: Mapping[str, object] | None = None
-) -> bool:
+def cluster_answers(settings: KafkaSettings, expected_brokers: int, timeout: float = 5.0) -> bool:
     """True when a metadata request lists ``expected_brokers`` brokers and a group coordinator
     answers. A fresh cluster creates ``__consumer_offsets`` on the first FindCoordinator and
     answers every group's request with COORDINATOR_NOT_AVAILABLE, then NOT_COORDINATOR or
@@ -392,7 +388,7 @@ def cluster_answers(
     run inside an event loop, so the probe gets a loop of its own on a worker thread."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-probe")
     try:
-        future = pool.submit(asyncio.run, _broker_count(bootstrap_servers, timeout, dict(client or {})))
+        future = pool.submit(asyncio.run, _broker_count(settings, timeout))
         with contextlib.suppress(Exception):  # any failure just means "not yet"
             return future.result(timeout=timeout + 5) >= expected_brokers
         return False
@@ -400,10 +396,10 @@ def cluster_answers(
         pool.shutdown(wait=False)
 
 
-async def _broker_count(bootstrap_servers: str, timeout: float, client: dict[str, object]) -> int:
+async def _broker_count(settings: KafkaSettings, timeout: float) -> int:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout * 1000), **client)
+    admin = AIOKafkaAdminClient(**settings.client_kwargs(), request_timeout_ms=int(timeout * 1000))
     await admin.start()
     try:
         cluster = await admin.describe_cluster()

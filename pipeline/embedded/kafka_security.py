@@ -24,12 +24,13 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from pydantic import SecretStr
 
 from pipeline.embedded.services import TlsFiles
 
-SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_MECHANISM: Final = "SCRAM-SHA-512"
 SUPER_USER = "admin"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 _SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"

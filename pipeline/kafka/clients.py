@@ -351,10 +351,22 @@ async def check_connection(settings: KafkaSettings) -> None:
     (:func:`login_failure`), and nothing else is printed. Without TLS and SASL, or when
     both succeed, this does nothing.
     """
+    if settings.security_protocol == "PLAINTEXT":
+        return
+    password = settings.sasl_password.get_secret_value() if settings.sasl_password else None
+    key = (settings.bootstrap_servers, settings.security_protocol, settings.sasl_mechanism, settings.sasl_username,
+           hash(password), settings.ssl_cafile, settings.ssl_certfile)  # fmt: skip
+    if key in _CONNECTED:
+        return  # every client of every stage starts through here: one probe per process is enough
     failure = await _tls_failure(settings) if settings.security_protocol in ("SSL", "SASL_SSL") else None
     failure = failure or await login_failure(settings)
     if failure is not None:
         raise EndpointUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {failure}")
+    _CONNECTED.add(key)
+
+
+_CONNECTED: set[tuple[object, ...]] = set()
+"""The connection settings :func:`check_connection` found good in this process."""
 
 
 async def _tls_failure(settings: KafkaSettings) -> str | None:
