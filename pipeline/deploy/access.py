@@ -18,8 +18,9 @@ tests build the runtime's own stages and check every topic and group they use ag
   position), which is a Read.
 
 Nothing else: no Create (the topics are ``KafkaTopic`` resources, or made beforehand), no
-cluster operation (idempotent producers need only Write on a topic since Kafka 2.8, and the
-stages use no transactions).
+cluster operation (idempotent producers need only Write on a topic since Kafka 2.8). Under
+``delivery: exactly_once`` a unit also writes and describes its transactional ids, which
+all start with its group id and a dot (:mod:`pipeline.kafka.transactions`).
 
 :func:`acl_rules` turns a unit's access into ACL rules, the one form both renderings use:
 Strimzi ``KafkaUser`` resources (:mod:`pipeline.deploy.strimzi`) and bindings applied to a
@@ -51,6 +52,8 @@ class UnitAccess:
     """Every topic under this prefix is written (the unit writing the result topic)."""
     upstream: tuple[tuple[str, str], ...] = ()
     """``(group id, input topic)`` of each unit it watches: the group described, the topic read."""
+    transactional: bool = False
+    """``delivery: exactly_once``: its producers' transactional ids are ``<group id>.<unit>``."""
 
 
 def unit_access(topology: Topology) -> list[UnitAccess]:
@@ -76,6 +79,7 @@ def unit_access(topology: Topology) -> list[UnitAccess]:
                 writes=_unique(edge.output, *((shadow,) if shadow else ()), *delayed, *state, *side),
                 reply_prefix=reply_prefix(topology.result_topic) if edge.output == topology.result_topic else None,
                 upstream=tuple((up.group_id, up.topic) for up in watched),
+                transactional=topology.delivery == "exactly_once",
             )
         )
     return found
@@ -92,6 +96,7 @@ def _graph_access(topology: Topology) -> list[UnitAccess]:
             reads=(step.input_topic,),
             writes=_unique(step.output_topic, *side),
             reply_prefix=result if step.to_result else None,
+            transactional=topology.delivery == "exactly_once",
         )
         for name, step in ((name, graph.steps[name]) for name in graph.order)
     ]
@@ -108,6 +113,7 @@ def _graph_access(topology: Topology) -> list[UnitAccess]:
                 writes=_unique(join.output_topic, state, *side),
                 reply_prefix=result if join.output_topic == topology.result_topic else None,
                 upstream=tuple(dict.fromkeys(watched)),
+                transactional=topology.delivery == "exactly_once",
             )
         )
     return found
@@ -118,6 +124,7 @@ def _unique(*topics: str) -> tuple[str, ...]:
 
 
 Operation = Literal["Read", "Write", "Create", "Delete", "Describe"]
+ResourceKind = Literal["topic", "group", "transactional-id"]
 _ORDER: dict[str, int] = {"Read": 0, "Write": 1, "Create": 2, "Delete": 3, "Describe": 4}
 
 
@@ -125,7 +132,7 @@ _ORDER: dict[str, int] = {"Read": 0, "Write": 1, "Create": 2, "Delete": 3, "Desc
 class AclRule:
     """Operations allowed on one resource (Kafka's ACL names, as Strimzi's ``simple`` ACLs)."""
 
-    resource_type: Literal["topic", "group"]
+    resource_type: ResourceKind
     name: str
     operations: tuple[Operation, ...]
     pattern: Literal["literal", "prefix"] = "literal"
@@ -137,7 +144,7 @@ class _Rules:
     def __init__(self) -> None:
         self._found: dict[tuple[str, str, str], list[Operation]] = {}
 
-    def allow(self, kind: Literal["topic", "group"], name: str, *ops: Operation, pattern: str = "literal") -> None:
+    def allow(self, kind: ResourceKind, name: str, *ops: Operation, pattern: str = "literal") -> None:
         granted = self._found.setdefault((kind, name, pattern), [])
         granted += [op for op in ops if op not in granted]
 
@@ -161,6 +168,8 @@ def acl_rules(access: UnitAccess) -> list[AclRule]:
     for group, topic in access.upstream:
         found.allow("group", group, "Describe")
         found.allow("topic", topic, "Read", "Describe")
+    if access.transactional:
+        found.allow("transactional-id", f"{access.group_id}.", "Write", "Describe", pattern="prefix")
     return found.rules()
 
 

@@ -122,11 +122,15 @@ def acls(access: UnitAccess) -> list[Manifest]:
     return simple_acls(acl_rules(access))
 
 
+STRIMZI_RESOURCE = {"topic": "topic", "group": "group", "transactional-id": "transactionalId"}
+"""Kafka's resource kinds as Strimzi's ``KafkaUser`` names them."""
+
+
 def simple_acls(rules: list[AclRule]) -> list[Manifest]:
     """Rules as Strimzi's ``simple`` authorization entries."""
     return [
         {
-            "resource": {"type": rule.resource_type, "name": rule.name, "patternType": rule.pattern},
+            "resource": {"type": STRIMZI_RESOURCE[rule.resource_type], "name": rule.name, "patternType": rule.pattern},
             "operations": list(rule.operations),
             "host": "*",
         }

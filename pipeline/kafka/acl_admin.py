@@ -22,7 +22,7 @@ from pipeline.errors import PipelineError
 from pipeline.kafka.clients import admin_client
 from pipeline.settings import KafkaSettings
 
-RESOURCE_TYPE = {"topic": 2, "group": 3}
+RESOURCE_TYPE = {"topic": 2, "group": 3, "transactional-id": 5}
 PATTERN_TYPE = {"literal": 3, "prefix": 4}
 OPERATION = {"Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Describe": 8}
 ALLOW = 3

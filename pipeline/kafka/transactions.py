@@ -135,9 +135,15 @@ class TransactionalOutbox:
     async def open_partitions(self, partitions: list[TopicPartition]) -> None:
         """Start the producers of the units these partitions open (fencing their previous
         owners), all at once, and begin their first transactions."""
-        new = {unit_of(tp, by_partition=self._by_partition) for tp in partitions} - set(self._units)
-        producers = await asyncio.gather(*[self._start_producer(unit) for unit in sorted(new)])
-        for unit, producer in zip(sorted(new), producers, strict=True):
+        new = sorted({unit_of(tp, by_partition=self._by_partition) for tp in partitions} - set(self._units))
+        started = await asyncio.gather(*[self._start_producer(unit) for unit in new], return_exceptions=True)
+        if failed := [error for error in started if isinstance(error, BaseException)]:
+            for producer in started:
+                if isinstance(producer, AIOKafkaProducer):
+                    await producer.stop()  # none left behind unclosed: the stage stops on the failure
+            raise failed[0]
+        for unit, producer in zip(new, started, strict=True):
+            assert isinstance(producer, AIOKafkaProducer)
             await producer.begin_transaction()
             state = _Unit(producer, self._new_outbox(producer))
             state.task = asyncio.create_task(

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 
 from pipeline.client import Client, RequestTimedOut
+from pipeline.contract.request import encode_request
+from pipeline.contract.response import decode_response
 from pipeline.deploy.access import client_reply_topic
 from pipeline.deploy.kafka_acls import topology_grants, unit_user
 from pipeline.embedded.kafka_security import SUPER_USER
@@ -32,7 +34,7 @@ from pipeline.kafka.clients import ensure_topics
 from pipeline.topology.loader import load_topology
 from tests.helpers.cli import assert_one_line_error, ok, run_cli
 from tests.helpers.dense_reference import mlp_reference, random_features
-from tests.helpers.kafka_io import collect, header
+from tests.helpers.kafka_io import collect, header, produce
 from tests.helpers.secure_kafka import SecureKafka, client_certificates, other_ca, secure_kafka
 from tests.helpers.topology_process import PipelineProcess, TopologyFiles, pipeline_process, write_topology
 
@@ -48,6 +50,8 @@ class Secured:
     kafka: SecureKafka
     first: TopologyFiles
     second: TopologyFiles
+    transactional: TopologyFiles
+    """A third topology, with ``delivery: exactly_once``."""
     outputs: list[str]
     """Every output of every command and process of this module, for the leak check."""
     broker_logs: Path
@@ -61,10 +65,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory, cli_env: dict[str, str]) -
     """The broker, both topologies' topics made by the admin, and every ACL applied."""
     work = tmp_path_factory.mktemp("kafka-acls")
     first, second = write_topology(work, partitions=2), write_topology(work, partitions=2)
-    units = [unit_user(load_topology(t.path), "classify") for t in (first, second)]
+    transactional = write_topology(work, partitions=2, extra={"delivery": "exactly_once"})
+    units = [unit_user(load_topology(t.path), "classify") for t in (first, second, transactional)]
     with secure_kafka(work, [*units, *CLIENTS]) as kafka:
         outputs: list[str] = []
-        for topo in (first, second):
+        for topo in (first, second, transactional):
             topology = load_topology(topo.path)
             asyncio.run(ensure_topics(kafka.admin(), topology.topics(), partitions=2))
             asyncio.run(ensure_topics(kafka.admin(), [client_reply_topic(topology, c) for c in CLIENTS], partitions=1))
@@ -73,7 +78,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, cli_env: dict[str, str]) -
             outputs += [applied.stdout, applied.stderr]
             expected = sum(len(g.bindings()) for g in topology_grants(topology, CLIENTS))
             assert f"created {expected} ACL bindings for 3 principals" in applied.stdout + applied.stderr
-        yield Secured(kafka, first, second, outputs, work / "logs")
+        yield Secured(kafka, first, second, transactional, outputs, work / "logs")
 
 
 def _env(base: dict[str, str], kafka: SecureKafka, user: str, **options: object) -> dict[str, str]:
@@ -111,6 +116,31 @@ def test_each_stage_and_client_works_with_exactly_its_acls(
         collect(secured.kafka.admin(), [topo.dead_letter_topic], done=lambda rs: len(rs) >= 1, timeout=30)
     )
     assert [header(r, "correlation-id") for r in dead.on(topo.dead_letter_topic)] == ["alice-bad"], "its one outcome"
+
+
+def test_a_stage_under_exactly_once_works_with_its_transactional_id_acls(
+    secured: Secured, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Its transactional producers (``<group>.<partition>``) start under its own principal, which
+    may write and describe only ids under its group's prefix; every request gets its result."""
+    topo = secured.transactional
+    env = _env(cli_env, secured.kafka, secured.unit(topo))
+    n = 12
+    features = random_features(n, seed=43)
+    requests = [encode_request({"features": features[i : i + 1]}, correlation_id=f"eos-{i}") for i in range(n)]
+    with pipeline_process(topo, env, tmp_path) as worker:
+        asyncio.run(produce(secured.kafka.admin(), topo.input_topic, requests))
+        found = asyncio.run(
+            collect(secured.kafka.admin(), [topo.result_topic], done=lambda rs: len(rs) >= n, timeout=60)
+        )
+        assert worker.terminate(timeout=60) == 0, worker.log()
+        secured.outputs.append(worker.log_path.read_text(errors="replace"))
+    results = {header(r, "correlation-id"): decode_response(r.value or b"") for r in found.on(topo.result_topic)}
+    assert sorted(results) == sorted(f"eos-{i}" for i in range(n)), worker.log()
+    for i in range(n):
+        np.testing.assert_allclose(
+            results[f"eos-{i}"].outputs["logits"], mlp_reference(features[i : i + 1]), rtol=1e-4, atol=1e-5
+        )
 
 
 def test_a_stage_under_another_stages_principal_is_refused_in_one_line(

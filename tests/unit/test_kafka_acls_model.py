@@ -221,7 +221,7 @@ def test_the_aiokafka_internals_the_acl_applier_relies_on_are_unchanged() -> Non
     assert [c.API_VERSION for c in DescribeAclsRequest._CLASSES] == [0, 1]
     # Kafka's enum codes (org.apache.kafka.common.acl.AclOperation, resource.ResourceType, PatternType)
     assert OPERATION == {"Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Describe": 8}
-    assert RESOURCE_TYPE == {"topic": 2, "group": 3} and PATTERN_TYPE == {"literal": 3, "prefix": 4}
+    assert RESOURCE_TYPE == {"topic": 2, "group": 3, "transactional-id": 5} and PATTERN_TYPE == {"literal": 3, "prefix": 4}
 
 
 def test_a_refused_acl_is_one_short_line() -> None:
@@ -236,3 +236,27 @@ def test_a_refused_acl_is_one_short_line() -> None:
         "the broker refused to allow User:bob Read on topic 't': InvalidRequestError: invalid principal"
     )
     assert _refusal(binding, 42, dump).endswith("InvalidRequestError")
+
+
+def test_under_exactly_once_each_unit_owns_its_transactional_ids_and_nothing_more(tmp_path: Path) -> None:
+    """A unit's transactional producers are named ``<group id>.<partition>``
+    (pipeline/kafka/transactions.py): it may write and describe ids under its own group's
+    prefix; the same rule in the script, the KafkaUser and the CreateAcls request."""
+    path = tmp_path / "eos.yaml"
+    path.write_text((REPO / "topologies" / "ensemble.yaml").read_text() + "\ndelivery: exactly_once\n")
+    topology = load_topology(path)
+    grants = topology_grants(topology)
+    ids = {(g.principal, g.rule.name): g.rule for g in grants if g.rule.resource_type == "transactional-id"}
+    units = unit_access(topology)
+    assert {name for _, name in ids} == {f"{access.group_id}." for access in units}
+    for access in units:
+        (rule,) = [r for (p, name), r in ids.items() if name == f"{access.group_id}."]
+        assert (rule.operations, rule.pattern) == (("Write", "Describe"), "prefix")
+        assert f"User:{unit_user(topology, access.unit)}" in {p for p, name in ids if name == rule.name}
+    script = kafka_acls_script(grants)
+    assert f"--transactional-id {units[0].group_id}. --resource-pattern-type prefixed" in script
+    bundle = generate(path, DeployOptions(strimzi_cluster="kafka", strimzi_users=True))
+    kinds = {
+        r["resource"]["type"] for m in bundle.objects if m.get("kind") == "KafkaUser" for r in m["spec"]["authorization"]["acls"]
+    }
+    assert kinds == {"topic", "group", "transactionalId"}
