@@ -28,6 +28,7 @@ LONGEST_FIRST = (
     "test_hostile_inputs.py",  # 239 s
     "test_triton_faults.py",  # 337 s
     "test_sequence_stage.py",  # 286 s
+    "test_exactly_once.py",  # 138-215 s, one test (three topologies side by side)
     "test_model_lifecycle.py",  # 169 s
     "test_produce_consume.py",  # 131 s
     "test_stateless_stage.py",  # 116 s

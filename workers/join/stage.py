@@ -294,8 +294,9 @@ class JoinStage(StatefulStage):
             model_version="",
             content_type=content_type,
         ) + extra_headers
-        timestamp = None if self.node.to_result else state.first_ms  # a next step keeps the request's time
-        return OutRecord(topic=self.io.output_topic, key=key, value=value, headers=headers, timestamp_ms=timestamp)
+        # A next step keeps the request's time and the branches' partition number: one writer per partition.
+        timestamp, partition = (None, None) if self.node.to_result else (state.first_ms, _partition_of(state))
+        return OutRecord(topic=self.io.output_topic, key=key, value=value, headers=headers, timestamp_ms=timestamp, partition=partition)
 
     # ------------------------------------------------------------------ windows
     def next_tick_s(self) -> float:
@@ -414,3 +415,8 @@ def tensor_union(requests: list[InferenceRequest]) -> tuple[dict[str, np.ndarray
             if name not in tensors:
                 tensors[name], datatypes[name] = array, request.datatypes[name]
     return tensors, datatypes
+
+
+def _partition_of(state: JoinState) -> int | None:
+    """The partition number the join's branches were read from (co-partitioned: one for all)."""
+    return next((partition for _, partition, _ in state.positions.values()), None)

@@ -88,7 +88,11 @@ async def open_clients(
                 kafka, limits=io.limits, enable_idempotence=True,
                 transactional_id=f"{io.group_id}.{unit}", transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             )  # fmt: skip
-            await unit_producer.start()  # InitProducerId: the unit's previous owner is fenced
+            try:
+                await unit_producer.start()  # InitProducerId: the unit's previous owner is fenced
+            except BaseException:
+                await unit_producer.stop()
+                raise
             return unit_producer
 
         outbox = TransactionalOutbox(

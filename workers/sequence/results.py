@@ -31,11 +31,12 @@ class Origin:
     request: InferenceRequest
     headers: list[tuple[str, bytes]]
     timestamp: int
+    partition: int | None = None
 
     @classmethod
     def of(cls, chunk: Chunk) -> Origin:
         r = chunk.record
-        return cls(r.key or b"", chunk.request, list(r.headers or ()), r.timestamp)
+        return cls(r.key or b"", chunk.request, list(r.headers or ()), r.timestamp, r.partition)
 
 
 class ResultWriter:
@@ -71,6 +72,7 @@ class ResultWriter:
             headers=headers,
             request_timestamp_ms=origin.timestamp or None,
             timestamp_ms=origin.timestamp if self.io.emit_requests else None,
+            partition=origin.partition if self.io.emit_requests else None,  # a next stage's: one writer each
         )
 
     def emission(self, origin: Origin, emission: Emission) -> OutRecord:

@@ -190,6 +190,8 @@ class BatchRunner:
                 headers,
                 request_timestamp_ms=item.record.timestamp,
                 timestamp_ms=item.record.timestamp if self.io.emit_requests else None,
+                # To a next stage: the input's partition number, so each of its partitions has one writer.
+                partition=item.record.partition if self.io.emit_requests else None,
             ),
         )
 
