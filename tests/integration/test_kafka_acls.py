@@ -135,7 +135,9 @@ def test_a_stage_under_exactly_once_works_with_its_transactional_id_acls(
         )
         assert worker.terminate(timeout=60) == 0, worker.log()
         secured.outputs.append(worker.log_path.read_text(errors="replace"))
-    results = {header(r, "correlation-id"): decode_response(r.value or b"") for r in found.on(topo.result_topic)}
+    results = {
+        header(r, "correlation-id"): decode_response(r.value or b"", r.headers) for r in found.on(topo.result_topic)
+    }
     assert sorted(results) == sorted(f"eos-{i}" for i in range(n)), worker.log()
     for i in range(n):
         np.testing.assert_allclose(
