@@ -87,6 +87,8 @@ class UnitOutbox(Outbox):
                 return  # maybe a zombie: its transaction stays open; the unit's next owner aborts it
             while self._delivery:
                 await asyncio.wait(set(self._delivery))
+            if self._fence.closed():
+                return  # the lease closed while the outputs were delivered: nothing commits late
             self.raise_if_failed()
             if self._sender.resending():
                 raise RuntimeError("an output refused inside a transaction: the stage stops, the transaction aborts")
