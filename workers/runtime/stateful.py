@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from aiokafka.structs import TopicPartition
 
-from pipeline.kafka.out_record import OutRecord
+from pipeline.kafka.ordering import Slot
+from pipeline.kafka.out_record import Outputs, OutRecord
 from pipeline.kafka.records import ConsumedRecord
 from pipeline.state import KeyedStateStore, RestoreReport, StateCodec, StateLimits
 from workers.runtime.dead_letters import corrupt_state_records
@@ -27,6 +29,16 @@ S = TypeVar("S")
 class StatefulStage(StreamStage, abc.ABC):
     states: KeyedStateStore[Any]
     clock: EventTimeClock  # windows and idle timeouts run in event time
+
+    def accept(self, record: ConsumedRecord, slot: Slot[Outputs]) -> Awaitable[None]:
+        return self._handled(record, slot)
+
+    async def _handled(self, record: ConsumedRecord, slot: Slot[Outputs]) -> None:
+        """:meth:`handle`, then the loop runs once: a handler that does not suspend would hold it
+        through a whole fetch, and each checkpoint's after-acks step (one per loop turn) with it
+        (a restarted join under load: its first transaction commit waited 14 s for them)."""
+        await self.handle(record, slot)
+        await asyncio.sleep(0)
 
     def passing(self, record: ConsumedRecord) -> None:
         # Every record moves its partition's event time and read position, also one

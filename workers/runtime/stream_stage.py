@@ -300,7 +300,8 @@ class StreamStage(abc.ABC):
     async def _take(self, tp: TopicPartition, records: list[ConsumedRecord], revocations: int) -> int:
         """Give one partition's fetched records, in order, to the stage; how many it took
         (fewer when the partition was revoked meanwhile: its next owner has the rest)."""
-        stage, taken = self.io.stage, 0
+        stage = self.io.stage
+        taken = 0
         for record in records:
             if tp not in self._owned or self.fence.revocations != revocations:
                 break  # revoked while we were handling this batch (even if assigned again)
@@ -314,7 +315,6 @@ class StreamStage(abc.ABC):
             try:
                 if (waiting := self.accept(record, slot)) is not None:
                     await self.fence.guard(waiting)
-                    await asyncio.sleep(0)  # the loop runs between records handled by coroutines
             except Exception as exc:
                 log.exception("%s: unexpected error on %s@%d", stage, tp, record.offset)
                 self.dead_letter(record, slot, ErrorClass.INFERENCE_FAILED, f"internal error: {exc!r}")
