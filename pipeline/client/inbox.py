@@ -26,7 +26,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.client.waiters import Waiters
 from pipeline.contract.reply import REPLY_TOPIC
-from pipeline.kafka.clients import RecordLimits, make_consumer
+from pipeline.kafka.clients import RecordLimits, isolation_level, make_consumer
 from pipeline.settings import KafkaSettings
 from pipeline.tools.connect import start_client
 from pipeline.tools.decoding import Kind, classify
@@ -56,7 +56,7 @@ class Inbox:
         self._consumer: AIOKafkaConsumer = make_consumer(
             settings, group_id=None, limits=limits,
             # A topology under exactly-once writes its results in transactions: read only committed ones.
-            isolation_level="read_committed" if committed_only else "read_uncommitted",
+            isolation_level=isolation_level(committed_only),
         )  # fmt: skip
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None

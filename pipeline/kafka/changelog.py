@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from aiokafka.structs import TopicPartition
 
 from pipeline.kafka import continuity
-from pipeline.kafka.clients import make_consumer
+from pipeline.kafka.clients import isolation_level, make_consumer
 from pipeline.kafka.to_end import ReadToEnd
 from pipeline.settings import KafkaSettings
 
@@ -28,8 +28,7 @@ async def read_changelog(
     if not wanted:
         return latest
     continuity.expect_gaps(topic)  # compaction drops whole batches
-    isolation = "read_committed" if committed_only else "read_uncommitted"
-    consumer = make_consumer(settings, group_id=None, isolation_level=isolation)
+    consumer = make_consumer(settings, group_id=None, isolation_level=isolation_level(committed_only))
     await consumer.start()
     try:
         consumer.assign(wanted)

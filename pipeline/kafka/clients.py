@@ -223,6 +223,13 @@ def make_producer(
     return AIOKafkaProducer(**kwargs)
 
 
+def isolation_level(committed_only: bool) -> str:
+    """A reader's ``isolation_level``: ``read_committed`` where the records it reads are written
+    in transactions (a topology under exactly-once), so an aborted transaction's records are
+    never seen; else ``read_uncommitted``, which reads to the log's end."""
+    return "read_committed" if committed_only else "read_uncommitted"
+
+
 def make_consumer(
     settings: KafkaSettings,
     *topics: str,

@@ -294,7 +294,8 @@ class StreamStage(abc.ABC):
                     self._lanes.consumed(tp, taken)
                 if records:
                     self.lag.observe(consumer, tp, records[-1].offset)
-            await _read_to_positions(consumer, self.outbox, self._owned)
+            if len(batch) < len(self._owned):  # some partition answered nothing: maybe at its end
+                await _read_to_positions(consumer, self.outbox, self._owned - batch.keys())
             await self.fence.guard(self.tick())
 
     async def _take(self, tp: TopicPartition, records: list[ConsumedRecord], revocations: int) -> int:
@@ -360,9 +361,11 @@ class StreamStage(abc.ABC):
 
 
 async def _read_to_positions(consumer: AIOKafkaConsumer, outbox: StageOutbox, owned: set[TopicPartition]) -> None:
-    """Every fetched record taken: an owned partition with nothing unfinished may commit up to
-    the consumer's position, past offsets that hold no record (a transaction's commit marker,
-    aborted records), so a group that read a transactional topic to its end has no lag left."""
+    """Partitions the last fetch brought nothing for: one with nothing unfinished may commit up
+    to the consumer's position, past offsets that hold no record (a transaction's commit
+    marker, aborted records), so a group that read a transactional topic to its end has no lag
+    left. Partitions with records are skipped: the next record's commit covers a marker, so a
+    stage under load pays nothing here."""
     assigned = consumer.assignment()
     for tp in owned:
         if tp in assigned and not outbox.pending(tp):
