@@ -17,6 +17,7 @@ scheduling) are not included.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from benchmarks.report import case_table, wide_console
 from pipeline.contract.records import ResultHeaders, result_headers
 from pipeline.contract.request import decode_request
 from pipeline.contract.response import encode_response
-from pipeline.contract.response_batch import encode_responses
+from pipeline.contract.response_batch import encode_batched_responses, encode_responses
 from pipeline.embedded.stack import EmbeddedStack
 from pipeline.kafka.clients import make_consumer, make_producer
 from pipeline.kafka.ordering import OrderedOffsets
@@ -58,7 +59,9 @@ def per_batch_us(fn: Callable[[slice], Any], n: int, size: int) -> float:
     return (time.process_time() - started) / n * 1e6
 
 
-async def outbox_us(producer: Any, consumer: Any, topic: str, records: list[Any], *, batch_sends: bool, per_pass: int) -> float:
+async def outbox_us(
+    producer: Any, consumer: Any, topic: str, records: list[Any], *, batch_sends: bool, per_pass: int
+) -> float:
     """CPU per record of the outbox's emission: slots completed ``per_pass`` at a time (one
     Triton batch's results), each pass emitted, then every delivery acknowledged."""
     outbox = Outbox(producer, consumer, batch_sends=batch_sends)
@@ -69,8 +72,7 @@ async def outbox_us(producer: Any, consumer: Any, topic: str, records: list[Any]
     outputs = [OutRecord(topic, r.key, r.value, list(r.headers)) for r in records]
     started = time.process_time()
     for first in range(0, len(slots), per_pass):
-        for slot, out in zip(slots[first : first + per_pass], outputs[first : first + per_pass], strict=True):
-            outbox.complete(slot, out)
+        outbox.complete_all(slots[first : first + per_pass], outputs[first : first + per_pass])
         await outbox.emit_ready()
     assert await outbox.flush(60.0) and outbox.pending() == 0
     return (time.process_time() - started) / len(records) * 1e6
@@ -156,20 +158,23 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
         # --- the batched Triton call, per row ---------------------------------------------
         calls = max(1, n // batch)
         started = time.process_time()
-        outputs: list[Any] = []
+        answers: list[Any] = []
         for c in range(calls):
-            out = await backend.run(requests[c * batch : (c + 1) * batch])
-            outputs.extend(out.outputs)
-        add(f"backend.run ({batch} rows/call: concat, gRPC, split), per row", "workers/stateless/triton_backend.py run",
+            answers.append(await backend.run(requests[c * batch : (c + 1) * batch]))
+        add(f"backend.run ({batch} rows/call: concat, gRPC), per row", "workers/stateless/triton_backend.py run",
             (time.process_time() - started) / (calls * batch) * 1e6)  # fmt: skip
-        model_version = out.model_version
+        model_version = answers[-1].model_version
+        outputs: list[Any] = [each for answer in answers for each in answer.outputs]  # split: for the rows below
 
         # --- _succeed -----------------------------------------------------------------
         m = len(outputs)
         response_type = "application/vnd.oip.v2.infer-response+protobuf"
 
         def batch_values(part: slice) -> None:
-            encode_responses(requests[part], outputs[part], model_name=MODEL, model_version=model_version)
+            answer = answers[part.start // batch]
+            encode_batched_responses(
+                requests[part], answer.arrays, answer.rows, model_name=MODEL, model_version=model_version
+            )
 
         def batch_headers(part: slice) -> None:
             shared = ResultHeaders(stage="s", model_name=MODEL, model_version=model_version, content_type=response_type)
@@ -177,7 +182,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
                 shared.of(consumed[i].headers, requests[i].correlation_id)
 
         add(
-            f"encode_responses ({batch} results in one pass), per result",
+            f"encode_batched_responses ({batch} results from the batch's arrays), per result",
             "workers/stateless/batch_runner.py _succeed",
             per_batch_us(batch_values, m, batch),
         )
@@ -185,6 +190,22 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             "ResultHeaders.of (the shared headers once per batch), per result",
             "workers/stateless/batch_runner.py _succeed",
             per_batch_us(batch_headers, m, batch),
+        )
+        alternatives.append(
+            (
+                "instead of encode_batched_responses: split per request, encode_responses",
+                "the batch's arrays split into per-request dicts (before this change)",
+                per_batch_us(
+                    lambda part: encode_responses(
+                        requests[part],
+                        dataclasses.replace(answers[part.start // batch]).outputs,  # a fresh split
+                        model_name=MODEL,
+                        model_version=model_version,
+                    ),
+                    m,
+                    batch,
+                ),
+            )
         )
         alternatives.append(
             (
@@ -213,10 +234,11 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             )
         )
         add(
-            "OutRecord(...) + slot.output",
-            "workers/stateless/stage.py _succeed",
-            per_call_us(lambda i: OutRecord("out", consumed[i].key, consumed[i].value, []), m),
+            "OutRecord.plain, per result",
+            "workers/stateless/batch_runner.py _succeed",
+            per_call_us(lambda i: OutRecord.plain("out", consumed[i].key, consumed[i].value, [], 0, None), m),
         )
+
         def per_call_metrics(part: slice) -> None:
             metrics.queue_delay.labels("s").observe(0.001)
             metrics.batch_size.labels("s").observe(part.stop - part.start)
@@ -237,7 +259,7 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             for batch_sends in (False, True):
                 await outbox_us(producer, consumer, "cost.out", records[:2000], batch_sends=batch_sends, per_pass=batch)
             add(
-                "outbox: record batch per partition, one future per batch, ack",
+                "outbox: complete_all per batch, record batch per partition, one future per batch, ack",
                 "pipeline/kafka/outbox.py emit_ready",
                 await outbox_us(producer, consumer, "cost.out", records, batch_sends=True, per_pass=batch),
             )
@@ -252,7 +274,9 @@ async def measure(n: int, batch: int) -> tuple[Rows, Rows]:
             await producer.stop()
             await consumer.stop()
 
-        outs = [OutRecord("out", r.key, r.value, [], request_timestamp_ms=int(time.time() * 1000)) for r in consumed[:n]]
+        outs = [
+            OutRecord("out", r.key, r.value, [], request_timestamp_ms=int(time.time() * 1000)) for r in consumed[:n]
+        ]
         add(
             "metrics on a record batch's ack (results once, end-to-end latency per result)",
             "workers/runtime/outcomes.py acknowledged",

@@ -60,6 +60,44 @@ def encode_responses(
                 return None  # another layout, or another byte order: encode_response decides
             raws.append(array.tobytes())
         contents.append(raws)
+    return _assemble(requests, layout, contents, model_name, model_version)
+
+
+def encode_batched_responses(
+    requests: Sequence[InferenceRequest],
+    arrays: Mapping[str, np.ndarray],
+    rows: Sequence[int],
+    *,
+    model_name: str,
+    model_version: str,
+) -> list[bytes] | None:
+    """:func:`encode_responses` from the whole batch's outputs (``arrays``, first axis the
+    rows, ``rows[i]`` of them request ``i``'s, in order), never split into per-request arrays:
+    each output is copied out once (``tobytes``) and each request's contents are slices of
+    those bytes. None unless every request has as many rows (one layout) and the common case holds."""
+    if not requests or not rows or any(count != rows[0] for count in rows) or not _plain(requests):
+        return None
+    count = rows[0]
+    layout = _layout({name: array[:count] for name, array in arrays.items()})
+    if layout is None:
+        return None
+    whole: list[tuple[bytes, int]] = []
+    for (_, datatype, _), array in zip(layout, arrays.values(), strict=True):
+        if not isinstance(array, np.ndarray) or array.dtype != tensors.numpy_dtype(datatype):
+            return None  # another byte order: encode_response decides
+        if array.shape[0] != count * len(requests):
+            return None
+        step = array[:count].nbytes
+        whole.append((array.tobytes(), step))
+    contents = [[raw[i * step : (i + 1) * step] for raw, step in whole] for i in range(len(requests))]
+    return _assemble(requests, layout, contents, model_name, model_version)
+
+
+def _assemble(
+    requests: Sequence[InferenceRequest], layout: Layout, contents: list[list[bytes]], model_name: str, model_version: str
+) -> list[bytes]:
+    """Each request's value: the batch's model fields and output descriptions, serialized
+    once, around the request's ``id`` and its raw contents."""
     model = pb.ModelInferResponse(model_name=model_name, model_version=model_version).SerializeToString()
     described = pb.ModelInferResponse()
     for name, datatype, shape in layout:

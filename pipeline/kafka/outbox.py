@@ -75,6 +75,7 @@ class StageOutbox(Protocol):
     def groups(self) -> CheckpointCloser: ...
     def track(self, record: ConsumerRecord[bytes, bytes], tracer: SlotTracer | None = None) -> Slot[Outputs]: ...
     def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs, *, group: CheckpointGroup | None = None) -> None: ...
+    def complete_all(self, slots: Sequence[Slot[Outputs]], outputs: Sequence[OutRecord]) -> None: ...
     def pending(self, tp: TopicPartition | None = None) -> int: ...
     def read_to(self, tp: TopicPartition, position: int) -> None: ...
     def pending_bytes(self) -> int: ...
@@ -147,6 +148,20 @@ class Outbox:
             self._claiming[slot] = asyncio.create_task(self._claim_check(slot, outputs))
             return
         slot.output = outputs
+        self._changed.set()
+
+    def complete_all(self, slots: Sequence[Slot[Outputs]], outputs: Sequence[OutRecord]) -> None:
+        """:meth:`complete` for one batch's slots, one output each and in no checkpoint group (a
+        stateless stage's results): one pass and one wake-up of the emitter for the batch."""
+        oversize, claiming = self._oversize, self._claiming
+        for slot, out in zip(slots, outputs, strict=True):
+            if slot.output is not None or slot in claiming:
+                continue  # first answer wins
+            outs: Outputs = (out,) if slot.trace is None else slot.trace.completed((out,))
+            if oversize is not None and any(oversize.too_large(o) for o in outs):
+                claiming[slot] = asyncio.create_task(self._claim_check(slot, outs))
+                continue
+            slot.output = outs
         self._changed.set()
 
     async def _claim_check(self, slot: Slot[Outputs], outputs: Outputs) -> None:

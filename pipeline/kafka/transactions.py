@@ -188,6 +188,16 @@ class TransactionalOutbox:
         if unit is not None:  # else handed back meanwhile: its next owner redoes the record
             unit.complete(slot, output, group=group)
 
+    def complete_all(self, slots: Sequence[Slot[Outputs]], outputs: Sequence[OutRecord]) -> None:
+        by_unit: dict[UnitOutbox, tuple[list[Slot[Outputs]], list[OutRecord]]] = {}
+        for slot, out in zip(slots, outputs, strict=True):
+            if (unit := self._of.get(slot.tp)) is not None:
+                mine, theirs = by_unit.setdefault(unit, ([], []))
+                mine.append(slot)
+                theirs.append(out)
+        for unit, (mine, theirs) in by_unit.items():
+            unit.complete_all(mine, theirs)
+
     def pending(self, tp: TopicPartition | None = None) -> int:
         if tp is not None:
             unit = self._of.get(tp)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -134,7 +135,7 @@ def output_specs(outputs: Sequence[tuple[str, str, Sequence[int]]], rows: int | 
         if datatype == "BYTES" or any(d < 0 for d in shape):
             specs.append(OutputSpec(name, None))
             continue
-        items = int(np.prod(shape, dtype=np.int64)) * (rows if rows is not None else 1)
+        items = math.prod(shape) * (rows if rows is not None else 1)  # np.prod: 5 µs a call
         specs.append(OutputSpec(name, items * np.dtype(triton_to_np_dtype(datatype)).itemsize))
     return specs
 

@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 from pipeline.contract import headers as h
 from pipeline.contract.request import InferenceRequest
 from pipeline.contract.response import decode_response, encode_response
-from pipeline.contract.response_batch import CONTENT_TYPE, encode_responses
+from pipeline.contract.response_batch import CONTENT_TYPE, encode_batched_responses, encode_responses
 
 
 def request(correlation_id: str, **fields: object) -> InferenceRequest:
@@ -86,3 +86,39 @@ def test_what_is_not_the_common_case_is_left_to_encode_response() -> None:
     assert encode_responses(two, [out, {"logits": np.ones((1, 4), np.int32)}], **kw) is None  # datatypes differ
     assert encode_responses(two, [out, {"other": np.ones((1, 4), np.float32)}], **kw) is None  # names differ
     assert encode_responses(two, [out, dict(out)], **kw) is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests_n=st.integers(1, 40),
+    each=st.integers(1, 3),
+    shapes=st.lists(st.tuples(DTYPES, st.lists(st.integers(0, 5), min_size=0, max_size=3)), min_size=1, max_size=3),
+    ids=st.lists(st.text(max_size=300), min_size=40, max_size=40),
+    version=st.sampled_from(["", "1", "17"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_encoding_from_the_whole_batch_equals_encoding_each_request(
+    requests_n: int, each: int, shapes: list[tuple[type, list[int]]], ids: list[str], version: str, seed: int
+) -> None:
+    """The batch's arrays, never split: the same bytes as each request's own slice encoded alone."""
+    rng = np.random.default_rng(seed)
+    requests = [request(ids[i]) for i in range(requests_n)]
+    rows = [each] * requests_n
+    arrays = {
+        f"out{k}": (rng.standard_normal((each * requests_n, *shape)) * 100).astype(dtype)
+        for k, (dtype, shape) in enumerate(shapes)
+    }
+    split = [{name: a[i * each : (i + 1) * each] for name, a in arrays.items()} for i in range(requests_n)]
+    expected = one_by_one(requests, split, version)
+    assert encode_batched_responses(requests, arrays, rows, model_name="dense", model_version=version) == expected
+
+
+def test_a_batch_whose_requests_differ_in_rows_or_byte_order_is_left_to_the_per_request_path() -> None:
+    kw = {"model_name": "dense", "model_version": ""}
+    two = [request("a"), request("b")]
+    logits = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert encode_batched_responses(two, {"logits": logits}, [1, 2], **kw) is None  # rows differ
+    assert encode_batched_responses(two, {"logits": logits[:2].astype(">f4")}, [1, 1], **kw) is None
+    assert encode_batched_responses([request("a", content_type=h.JSON)], {"logits": logits[:1]}, [1], **kw) is None
+    assert encode_batched_responses(two, {"logits": logits}, [1, 1], **kw) is None  # rows do not add up
+    assert encode_batched_responses(two, {"logits": logits[:2]}, [1, 1], **kw) is not None

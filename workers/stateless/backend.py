@@ -11,7 +11,8 @@ never the stage.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import functools
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,14 +23,35 @@ from pipeline.failure_policy import Failure
 from pipeline.observability.tracing import CallSpan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BatchOutput:
-    """A backend call's result: one output dict per request, and who produced it."""
+    """A backend call's result: one output dict per request, and who produced it.
 
-    outputs: list[dict[str, np.ndarray]]
+    A batched call may instead give the whole batch's ``arrays`` and each request's ``rows``
+    of them (in request order): the stage then encodes results straight from the batch
+    (:func:`pipeline.contract.response_batch.encode_batched_responses`), and ``outputs`` is
+    split from them only when something asks for it (a result step, an unusual batch)."""
+
+    parts: list[dict[str, np.ndarray]] | None
     model_name: str
     model_version: str
     route: str | None = None  # the route that served it (stages with routes: pipeline-route header)
+    arrays: Mapping[str, np.ndarray] | None = None  # the whole batch's outputs, first axis = rows
+    rows: Sequence[int] = ()  # each request's rows of ``arrays``
+
+    @functools.cached_property
+    def outputs(self) -> list[dict[str, np.ndarray]]:
+        """Each request's outputs (views of ``arrays`` when the call gave those)."""
+        if self.parts is not None:
+            return self.parts
+        assert self.arrays is not None, "a BatchOutput needs its parts or its arrays"
+        split: list[dict[str, np.ndarray]] = []
+        offset = 0
+        for count in self.rows:
+            end = offset + count
+            split.append({name: array[offset:end] for name, array in self.arrays.items()})
+            offset = end
+        return split
 
 
 class BatchBackend(Protocol):

@@ -26,7 +26,7 @@ from pipeline.contract.records import ResultHeaders
 from pipeline.contract.request import InferenceRequest, forward_request
 from pipeline.contract.response import encode_response
 from pipeline.contract.response_batch import CONTENT_TYPE as RESPONSE_TYPE
-from pipeline.contract.response_batch import encode_responses
+from pipeline.contract.response_batch import encode_batched_responses, encode_responses
 from pipeline.failure_policy import Failure, FailureKind, GaveUp, RetryPolicy, call_with_retry
 from pipeline.kafka.ordering import Slot
 from pipeline.kafka.outbox import Outputs, OutRecord
@@ -68,7 +68,7 @@ class BatchRunner:
     metrics: PipelineMetrics
     tensor_map: TensorMap
     results: tuple[ResultStep, ...]
-    complete: Callable[[Slot[Outputs], OutRecord], None]
+    complete_all: Callable[[list[Slot[Outputs]], list[OutRecord]], None]  # one output per slot
     dead_letter: DeadLetter
     on_retry: Callable[[Failure], None]
 
@@ -127,8 +127,17 @@ class BatchRunner:
         """Each request's result: the stage's result steps and tensor map per request, then
         the values and headers of the whole batch in one pass where they share a layout
         (:mod:`pipeline.contract.response_batch`), else request by request."""
-        ready: list[tuple[Pending, dict[str, np.ndarray], dict[str, str] | None]] = []
         passes_through = self.tensor_map.passes_through  # datatypes only where a record is encoded alone
+        if output.arrays is not None and passes_through and not self.results and not self.io.emit_requests:
+            # The bare path: results straight from the batch's arrays, never split per request.
+            values = encode_batched_responses(
+                [item.message for item in items], output.arrays, output.rows,
+                model_name=output.model_name, model_version=output.model_version,
+            )  # fmt: skip
+            if values is not None:
+                self._complete_results(items, values, output)
+                return
+        ready: list[tuple[Pending, dict[str, np.ndarray], dict[str, str] | None]] = []
         for item, outputs in zip(items, output.outputs, strict=True):
             for step in self.results:
                 outputs = step(outputs, item.length)
@@ -150,11 +159,23 @@ class BatchRunner:
                 tensors, datatypes = (produced, known) if known is not None else self.tensor_map.from_model(item.message, produced)
                 self._succeed_one(item, tensors, datatypes, model, version, output.route)
             return
+        self._complete_results([item for item, _, _ in ready], values, output)
+
+    def _complete_results(self, items: list[Pending], values: list[bytes], output: BatchOutput) -> None:
+        """Results (not messages for a next stage, which keep their input's timestamp and
+        partition) with the headers the batch shares: the whole batch's records in one pass,
+        handed to the outbox at once."""
         headers = ResultHeaders(
-            stage=self.io.stage, model_name=model, model_version=version, content_type=RESPONSE_TYPE, route=output.route
-        )
-        for (item, _, _), value in zip(ready, values, strict=True):
-            self._complete(item, value, headers.of(item.record.headers, item.request.correlation_id))
+            stage=self.io.stage, model_name=output.model_name, model_version=output.model_version,
+            content_type=RESPONSE_TYPE, route=output.route,
+        )  # fmt: skip
+        topic, plain = self.io.output_topic, OutRecord.plain
+        records = [
+            plain(topic, item.record.key, value, headers.of(item.record.headers, item.request.correlation_id),
+                  item.record.timestamp, None)
+            for item, value in zip(items, values, strict=True)
+        ]  # fmt: skip
+        self.complete_all([item.slot for item in items], records)
 
     def _succeed_one(
         self,
@@ -181,9 +202,9 @@ class BatchRunner:
         self._complete(item, value, headers.of(item.record.headers, item.request.correlation_id))
 
     def _complete(self, item: Pending, value: bytes, headers: Headers) -> None:
-        self.complete(
-            item.slot,
-            OutRecord.plain(
+        self.complete_all(
+            [item.slot],
+            [OutRecord.plain(
                 self.io.output_topic,
                 item.record.key,
                 value,
@@ -192,8 +213,8 @@ class BatchRunner:
                 timestamp_ms=item.record.timestamp if self.io.emit_requests else None,
                 # To a next stage: the input's partition number, so each of its partitions has one writer.
                 partition=item.record.partition if self.io.emit_requests else None,
-            ),
-        )
+            )],
+        )  # fmt: skip
 
     def fail(self, item: Pending, error_class: ErrorClass, reason: str) -> None:
         self.dead_letter(item.record, item.slot, error_class, reason)

@@ -80,7 +80,7 @@ class BatchingStage(StreamStage):
         self.intake = request_intake(backend, settings.max_request_bytes, self.features.requests)
         self.runner = BatchRunner(
             io, backend, settings.retry, metrics, self.tensor_map, self.features.results,
-            lambda slot, output: self.outbox.complete(slot, output), self.dead_letter, self.outcomes.retried,
+            lambda slots, outputs: self.outbox.complete_all(slots, outputs), self.dead_letter, self.outcomes.retried,
         )  # fmt: skip
         self._warmup = parts.warmup
         self._batcher: DynamicBatcher[Pending] | None = None

@@ -209,16 +209,11 @@ class TritonModelBackend:
             if array is None or (batching and (array.ndim == 0 or array.shape[0] != sent_rows)):
                 shape = None if array is None else list(array.shape)
                 raise OutputMismatch(f"model {self.model} returned {name} {shape} for {sent_rows} rows sent")
-        named = [(n, a) for n, a in arrays.items() if a is not None]
+        named = {n: a for n, a in arrays.items() if a is not None}
         if not batching:
             return BatchOutput([dict(named) for _ in requests], result.model_name, result.model_version)
-        split: list[dict[str, np.ndarray]] = []
-        offset = 0
-        for rows in counts:
-            end = offset + rows
-            split.append({n: a[offset:end] for n, a in named})
-            offset = end
-        return BatchOutput(split, result.model_name, result.model_version)
+        # The whole batch, split per request only if the stage asks (results are encoded from it).
+        return BatchOutput(None, result.model_name, result.model_version, arrays=named, rows=counts)
 
     # ------------------------------------------------------------------ versions
     def _observe_version(self, version: str, sent: float) -> None:
