@@ -246,7 +246,10 @@ class StageSampler:
     the consumer paused) from one limited by per-stream round trips.
     """
 
-    def __init__(self, process: WorkerProcess, interval_s: float = 0.25) -> None:
+    # Every second: each scrape renders the worker's whole /metrics, and at 0.25 s that was
+    # ~5 % of the sequence stage's CPU in (c)'s window (py-spy, 2026-11-28: aiohttp's request
+    # handler and StreamWriter.write), counted against the stage's CPU per chunk.
+    def __init__(self, process: WorkerProcess, interval_s: float = 1.0) -> None:
         self.url = worker_metrics_url(process)
         self.interval_s = interval_s
         self.samples: list[dict[str, float]] = []
