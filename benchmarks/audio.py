@@ -247,8 +247,8 @@ class StageSampler:
     """
 
     # Every second: each scrape renders the worker's whole /metrics, and at 0.25 s that was
-    # ~5 % of the sequence stage's CPU in (c)'s window (py-spy, 2026-11-28: aiohttp's request
-    # handler and StreamWriter.write), counted against the stage's CPU per chunk.
+    # 1.3 % of the sequence stage's CPU in (c)'s window (py-spy, 2026-11-28: the samples under
+    # aiohttp and prometheus_client), counted against the stage's CPU per chunk.
     def __init__(self, process: WorkerProcess, interval_s: float = 1.0) -> None:
         self.url = worker_metrics_url(process)
         self.interval_s = interval_s

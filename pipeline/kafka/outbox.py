@@ -30,6 +30,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from pipeline.kafka.after_acks import AfterAcks
 from pipeline.kafka.checkpoint_group import CheckpointGroup, CheckpointGroups
+from pipeline.kafka.claim_checks import ClaimChecks
 from pipeline.kafka.commits import commit_acknowledged
 from pipeline.kafka.membership import POLL_S, LineFence, MembershipLease
 from pipeline.kafka.ordering import OrderedOffsets, Slot, SlotTrace
@@ -109,8 +110,7 @@ class Outbox:
         self._batches = RecordBatches(producer, self._batch_delivered, self._batch_sent) if batch_sends else None
         self._emitting = asyncio.Lock()
         self._fence = LineFence(fence)
-        self._oversize = oversize
-        self._claiming: dict[Slot[Outputs], asyncio.Task[None]] = {}  # oversized outputs in the S3 store
+        self._claims = ClaimChecks(oversize, self._claimed)  # oversized outputs, to the S3 store first
         self._consumer = consumer
         self._offsets: OrderedOffsets[Outputs] = OrderedOffsets()
         self._on_ack = on_acknowledged
@@ -137,43 +137,26 @@ class Outbox:
     def complete(self, slot: Slot[Outputs], output: OutRecord | Outputs, *, group: CheckpointGroup | None = None) -> None:
         """Give a slot its outputs (possibly none); they are produced once everything before is
         (in a ``group``, committed past only with the group's checkpoint: ``CheckpointGroups``)."""
-        if slot.output is not None or slot in self._claiming:
+        if slot.output is not None or self._claims.holds(slot):
             return  # first answer wins (e.g. a deadline fired while the batch returned)
         outputs = (output,) if isinstance(output, OutRecord) else tuple(output)
         self.groups.register(slot, outputs, group)
-        if slot.trace is not None:
-            outputs = slot.trace.completed(outputs)  # results carry the record span's traceparent
-        if self._oversize is not None and any(self._oversize.too_large(out) for out in outputs):
-            # Off the loop and off the line: only this partition waits for the S3 store.
-            self._claiming[slot] = asyncio.create_task(self._claim_check(slot, outputs))
-            return
-        slot.output = outputs
+        # Results carry the record span's traceparent.
+        self._claims.place(slot, outputs if slot.trace is None else slot.trace.completed(outputs))
         self._changed.set()
 
     def complete_all(self, slots: Sequence[Slot[Outputs]], outputs: Sequence[OutRecord]) -> None:
         """:meth:`complete` for one batch's slots, one output each and in no checkpoint group (a
         stateless stage's results): one pass and one wake-up of the emitter for the batch."""
-        oversize, claiming = self._oversize, self._claiming
+        claims = self._claims
         for slot, out in zip(slots, outputs, strict=True):
-            if slot.output is not None or slot in claiming:
-                continue  # first answer wins
-            outs: Outputs = (out,) if slot.trace is None else slot.trace.completed((out,))
-            if oversize is not None and any(oversize.too_large(o) for o in outs):
-                claiming[slot] = asyncio.create_task(self._claim_check(slot, outs))
-                continue
-            slot.output = outs
+            if slot.output is None and not claims.holds(slot):  # first answer wins
+                claims.place(slot, (out,) if slot.trace is None else slot.trace.completed((out,)))
         self._changed.set()
 
-    async def _claim_check(self, slot: Slot[Outputs], outputs: Outputs) -> None:
-        """Replace the oversized outputs by claim-check dead letters, then make the slot ready."""
-        assert self._oversize is not None
-        try:
-            slot.output = await self._oversize.replace_all(slot, outputs, self._oversize.too_large)
-        except Exception as exc:
-            log.exception("claim check for %s@%d failed", slot.tp, slot.offset)
-            self._failure = exc
-        finally:
-            self._claiming.pop(slot, None)
+    def _claimed(self, failure: BaseException | None) -> None:
+        if failure is not None:
+            self._failure = failure
         self._changed.set()
 
     def pending(self, tp: TopicPartition | None = None) -> int:
@@ -327,7 +310,7 @@ class Outbox:
             held = self.pending() > 0 and self._fence.closed()  # outputs wait for the lease
             if held and self._fence.hopeless():
                 return False  # nothing more leaves before the partitions are handed back
-            waiting = {*self._delivery, *self._claiming.values()}
+            waiting = {*self._delivery, *self._claims.running()}
             if not waiting and not held:
                 return True
             remaining = deadline - time.monotonic()
@@ -348,8 +331,7 @@ class Outbox:
 
     def forget(self, tp: TopicPartition) -> int:
         """Drop a revoked partition's unfinished slots (its next owner replays them)."""
-        for slot in [s for s in self._claiming if s.tp == tp]:
-            self._claiming.pop(slot).cancel()
+        self._claims.forget(tp)
         self.groups.forget(tp)
         return self._fence.handed_back(self._offsets.forget(tp))
 
