@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.structs import TopicPartition
@@ -37,16 +39,30 @@ SendOne = Callable[[Any, Slot[Any], int], Awaitable[asyncio.Future[Any]]]
 SendRecord = Callable[[Any], Awaitable[asyncio.Future[Any]]]
 
 
+@dataclass(eq=False)
+class _Step:
+    """One slot's after-acks outputs, waiting in its partition line."""
+
+    sent: list[asyncio.Future[Any]]  # acknowledged first
+    rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]  # then these are handed to the producer
+    done: asyncio.Future[None]  # resolved once they are acknowledged (or dropped by the fence)
+
+
 class AfterAcks:
-    """Sends the after-acks tail of slots, per partition line in slot order."""
+    """Sends the after-acks tail of slots, per partition line in slot order.
+
+    Each line has one pump: a task that takes the line's steps in order while there are any,
+    so a line of ready steps is sent in one pass (a chained task per slot advanced one slot
+    per loop turn: a join restarted under load waited 14 s for its first transaction commit)."""
 
     def __init__(self, send: SendOne, fence: LineFence, send_record: SendRecord, writes: StateWrites) -> None:
         self._send = send
         self._send_record = send_record
         self._fence = fence
         self._writes = writes  # a key's state records in decision order across lines
-        self._barriers: dict[TopicPartition, asyncio.Future[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._lines: dict[TopicPartition, deque[_Step]] = {}
+        self._pumps: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._failed: dict[TopicPartition, BaseException] = {}  # a line that failed fails what follows
 
     def send(self, slot: Slot[Any], sent: list[asyncio.Future[Any]], split: int) -> asyncio.Future[None]:
         """Send ``slot.output[split:]`` once ``sent`` (the slot's outputs before ``split``, and
@@ -63,7 +79,7 @@ class AfterAcks:
                     delivered.append(await self._writes.write(out, functools.partial(self._send, out, slot, i)))
             return delivered
 
-        return self._chain(slot, sent, rest)
+        return self._queue(slot.tp, sent, rest)
 
     def send_alone(self, anchor: Slot[Any], records: list[Any], sent: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
         """Send ``records`` (a group's checkpoint with no slot to ride on) once ``sent`` are
@@ -73,40 +89,65 @@ class AfterAcks:
             admitted = await self._fence.admitted(anchor, len(records))
             return [await self._writes.write(out, functools.partial(self._send_record, out)) for out in records] if admitted else []
 
-        return self._chain(anchor, sent, rest)
+        return self._queue(anchor.tp, sent, rest)
 
-    def _chain(
-        self, slot: Slot[Any], sent: list[asyncio.Future[Any]], rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]
+    def _queue(
+        self, tp: TopicPartition, sent: list[asyncio.Future[Any]], rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]
     ) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        previous = self._barriers.get(slot.tp)
-        enqueued: asyncio.Future[None] = loop.create_future()
-        self._barriers[slot.tp] = enqueued
-        done: asyncio.Future[None] = loop.create_future()
-        task = asyncio.create_task(self._send_after(previous, enqueued, done, sent, rest))
-        self._tasks.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(self._tasks.discard)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if (failure := self._failed.get(tp)) is not None:
+            done.set_exception(failure)
+            return done
+        self._lines.setdefault(tp, deque()).append(_Step(sent, rest, done))
+        if tp not in self._pumps:
+            self._pumps[tp] = asyncio.create_task(self._pump(tp), name=f"after-acks-{tp.topic}-{tp.partition}")
         return done
 
-    async def _send_after(
-        self,
-        previous: asyncio.Future[None] | None,
-        enqueued: asyncio.Future[None],
-        done: asyncio.Future[None],
-        sent: list[asyncio.Future[Any]],
-        rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]],
-    ) -> None:
+    async def _pump(self, tp: TopicPartition) -> None:
+        """The line's steps in order: each once its ``sent`` are acknowledged, handed to the
+        producer before the next is looked at (the producer keeps a partition's order, so the
+        next need not wait for their acknowledgement)."""
+        line = self._lines[tp]
         try:
-            if previous is not None:
-                await asyncio.shield(previous)
-            await asyncio.gather(*sent)
-            delivered = await rest()
-            enqueued.set_result(None)
-            await asyncio.gather(*delivered)
-        except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
-            if not enqueued.done():
-                enqueued.set_exception(exc)
-                enqueued.exception()  # retrieved here; the next slot re-raises it if any
+            while line:
+                step = line[0]
+                try:
+                    if all(f.done() for f in step.sent):
+                        for f in step.sent:
+                            f.result()  # raises what failed (a cancelled one leaves the line waiting, as gather does)
+                    else:
+                        await asyncio.gather(*step.sent)
+                    delivered = await step.rest()
+                except Exception as exc:  # noqa: BLE001 - recorded; the stage stops on it
+                    self._fail(tp, exc)
+                    return
+                line.popleft()
+                _resolve_when_acknowledged(step.done, delivered)
+        finally:
+            del self._pumps[tp]
+
+    def _fail(self, tp: TopicPartition, exc: BaseException) -> None:
+        """A step failed: it and every later one of the line fail with it, now and to come."""
+        self._failed[tp] = exc
+        line = self._lines.pop(tp, deque())
+        for step in line:
+            if not step.done.done():
+                step.done.set_exception(exc)
+
+
+def _resolve_when_acknowledged(done: asyncio.Future[None], delivered: list[asyncio.Future[Any]]) -> None:
+    if not delivered:
+        done.set_result(None)
+        return
+
+    def settle(acks: asyncio.Future[Any]) -> None:
+        if done.done():
+            return
+        if acks.cancelled():
+            done.cancel()
+        elif (exc := acks.exception()) is not None:
             done.set_exception(exc)
         else:
             done.set_result(None)
+
+    asyncio.gather(*delivered).add_done_callback(settle)
