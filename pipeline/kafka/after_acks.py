@@ -81,18 +81,27 @@ class AfterAcks:
 
         return self._queue(slot.tp, sent, rest)
 
-    def send_alone(self, anchor: Slot[Any], records: list[Any], sent: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
+    def send_alone(
+        self, anchor: Slot[Any], records: list[Any], sent: list[asyncio.Future[Any]]
+    ) -> asyncio.Future[None]:
         """Send ``records`` (a group's checkpoint with no slot to ride on) once ``sent`` are
         acknowledged, in ``anchor``'s line order and through the fence as ``anchor``'s outputs."""
 
         async def rest() -> list[asyncio.Future[Any]]:
             admitted = await self._fence.admitted(anchor, len(records))
-            return [await self._writes.write(out, functools.partial(self._send_record, out)) for out in records] if admitted else []
+            return (
+                [await self._writes.write(out, functools.partial(self._send_record, out)) for out in records]
+                if admitted
+                else []
+            )
 
         return self._queue(anchor.tp, sent, rest)
 
     def _queue(
-        self, tp: TopicPartition, sent: list[asyncio.Future[Any]], rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]]
+        self,
+        tp: TopicPartition,
+        sent: list[asyncio.Future[Any]],
+        rest: Callable[[], Awaitable[list[asyncio.Future[Any]]]],
     ) -> asyncio.Future[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if (failure := self._failed.get(tp)) is not None:
