@@ -132,7 +132,7 @@ class Client:
             settings, self._waiters, reply_topics=reads,
             dead_letter_topic=self.endpoint.dead_letter_topic if dead_letters is not None else None,
             own_reply_topic=self.reply_topic, limits=limits,
-            committed_only=self.endpoint.topology.delivery == "exactly_once",
+            committed_only=self.endpoint.topology.exactly_once,
         )
         await self._inbox.start(partitions, timeout)
         return self

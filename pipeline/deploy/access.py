@@ -79,7 +79,7 @@ def unit_access(topology: Topology) -> list[UnitAccess]:
                 writes=_unique(edge.output, *((shadow,) if shadow else ()), *delayed, *state, *side),
                 reply_prefix=reply_prefix(topology.result_topic) if edge.output == topology.result_topic else None,
                 upstream=tuple((up.group_id, up.topic) for up in watched),
-                transactional=topology.delivery == "exactly_once",
+                transactional=topology.exactly_once,
             )
         )
     return found
@@ -96,7 +96,7 @@ def _graph_access(topology: Topology) -> list[UnitAccess]:
             reads=(step.input_topic,),
             writes=_unique(step.output_topic, *side),
             reply_prefix=result if step.to_result else None,
-            transactional=topology.delivery == "exactly_once",
+            transactional=topology.exactly_once,
         )
         for name, step in ((name, graph.steps[name]) for name in graph.order)
     ]
@@ -113,7 +113,7 @@ def _graph_access(topology: Topology) -> list[UnitAccess]:
                 writes=_unique(join.output_topic, state, *side),
                 reply_prefix=result if join.output_topic == topology.result_topic else None,
                 upstream=tuple(dict.fromkeys(watched)),
-                transactional=topology.delivery == "exactly_once",
+                transactional=topology.exactly_once,
             )
         )
     return found

@@ -141,18 +141,21 @@ class Outbox:
             return  # first answer wins (e.g. a deadline fired while the batch returned)
         outputs = (output,) if isinstance(output, OutRecord) else tuple(output)
         self.groups.register(slot, outputs, group)
-        # Results carry the record span's traceparent.
-        self._claims.place(slot, outputs if slot.trace is None else slot.trace.completed(outputs))
+        self._ready(slot, outputs)
         self._changed.set()
 
     def complete_all(self, slots: Sequence[Slot[Outputs]], outputs: Sequence[OutRecord]) -> None:
         """:meth:`complete` for one batch's slots, one output each and in no checkpoint group (a
         stateless stage's results): one pass and one wake-up of the emitter for the batch."""
-        claims = self._claims
         for slot, out in zip(slots, outputs, strict=True):
-            if slot.output is None and not claims.holds(slot):  # first answer wins
-                claims.place(slot, (out,) if slot.trace is None else slot.trace.completed((out,)))
+            if slot.output is None and not self._claims.holds(slot):  # first answer wins
+                self._ready(slot, (out,))
         self._changed.set()
+
+    def _ready(self, slot: Slot[Outputs], outputs: Outputs) -> None:
+        """The slot's outputs, carrying its record span's traceparent, ready to leave (or first
+        rewritten as claim checks, when one is too large)."""
+        self._claims.place(slot, outputs if slot.trace is None else slot.trace.completed(outputs))
 
     def _claimed(self, failure: BaseException | None) -> None:
         if failure is not None:

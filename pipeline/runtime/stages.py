@@ -199,7 +199,7 @@ def build_stages(
             limits=limits,
             claim_checks=claim_checks,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
-            exactly_once=topology.delivery == "exactly_once",
+            exactly_once=topology.exactly_once,
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             stall_after_s=stall_after_s(config),
         )
@@ -232,7 +232,7 @@ def _graph_stages(
             limits=limits,
             claim_checks=claim_checks,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
-            exactly_once=topology.delivery == "exactly_once",
+            exactly_once=topology.exactly_once,
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             stall_after_s=stall_after_s(config),
         )
@@ -254,7 +254,7 @@ def _graph_stages(
             output_topic=join.output_topic,
             dead_letter_topic=topology.dead_letter_topic,
             drain_timeout_s=topology.drain_timeout_s * DRAIN_SHARE,
-            exactly_once=topology.delivery == "exactly_once",
+            exactly_once=topology.exactly_once,
             close_timeout_s=topology.drain_timeout_s * CLOSE_STEP_SHARE,
             # A join record legitimately waits up to its window for the other branches.
             stall_after_s=join.window_ms / 1000 + JOIN_STALL_MARGIN_S,

@@ -487,6 +487,11 @@ class Topology(_Strict):
     def is_graph(self) -> bool:
         return self.outputs is not None
 
+    @property
+    def exactly_once(self) -> bool:
+        """``delivery: exactly_once``: stages write in transactions, readers read committed."""
+        return self.delivery == "exactly_once"
+
     def step_specs(self) -> list[StepSpec]:
         """The unfused graph steps: each stateless stage's name and tensor maps."""
         return [

@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 
 HEAVY_RECORD_BYTES = 256 * 1024
 
-
 S = TypeVar("S")
+
 
 def _in_one_line(stage: StreamStage, work: Awaitable[None]) -> Awaitable[None]:
     """``work``, its Kafka failures (an outage, an ACL's refusal) raised as one line naming the stage."""
